@@ -1,0 +1,104 @@
+// The only translation unit that includes pybind11: binds the planner and the kernels.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "sonarspec/kv_store.h"
+#include "sonarspec/planner.h"
+#ifdef SONARSPEC_WITH_CUDA
+#include "sonarspec/device.h"
+#endif
+
+namespace py = pybind11;
+using namespace sonarspec;
+
+#ifndef SONARSPEC_VERSION
+#define SONARSPEC_VERSION "0.0.0"
+#endif
+
+namespace {
+
+py::dict build_info() {
+  py::dict d;
+  d["version"] = SONARSPEC_VERSION;
+#ifdef SONARSPEC_WITH_CUDA
+  d["cuda"] = true;
+  d["cuda_arch"] = SONARSPEC_CUDA_ARCH;
+#else
+  d["cuda"] = false;
+  d["cuda_arch"] = py::none();
+#endif
+  return d;
+}
+
+bool cuda_available() {
+#ifdef SONARSPEC_WITH_CUDA
+  return cuda_device_available();
+#else
+  return false;
+#endif
+}
+
+// Pointers arrive as integers (tensor.data_ptr()); ops/ has validated the tensors.
+int64_t kv_store(uintptr_t k_src, uintptr_t v_src, uintptr_t k_pool, uintptr_t v_pool,
+                 uintptr_t slot_mapping, int64_t num_tokens, int64_t row_bytes, int64_t num_slots,
+                 bool on_cuda, uintptr_t stream) {
+  auto p = [](uintptr_t x) { return reinterpret_cast<void*>(x); };
+  if (!on_cuda) {
+    py::gil_scoped_release release;
+    return kv_store_cpu(p(k_src), p(v_src), p(k_pool), p(v_pool),
+                        reinterpret_cast<const int64_t*>(slot_mapping), num_tokens, row_bytes, num_slots);
+  }
+#ifdef SONARSPEC_WITH_CUDA
+  int err = kv_store_cuda(p(k_src), p(v_src), p(k_pool), p(v_pool),
+                          reinterpret_cast<const int64_t*>(slot_mapping), num_tokens, row_bytes,
+                          num_slots, p(stream));
+  if (err != 0) throw std::runtime_error(std::string("kv_store CUDA launch failed: ") + cuda_error_string(err));
+  return 0;
+#else
+  (void)stream;
+  throw std::runtime_error("sonarspec was built without CUDA; kv_store got CUDA tensors");
+#endif
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "sonarspec native core: planner and kernels";
+  m.def("build_info", &build_info, "How this extension was built: cuda, cuda_arch, version.");
+  m.def("cuda_available", &cuda_available, "Whether a CUDA device is usable at run time.");
+  m.def("kv_store", &kv_store, "Scatter key/value rows into paged pools (raw pointers).");
+
+  py::class_<PlannerConfig>(m, "PlannerConfig")
+      .def(py::init<>())
+      .def_readwrite("num_pages", &PlannerConfig::num_pages)
+      .def_readwrite("page_size", &PlannerConfig::page_size)
+      .def_readwrite("max_num_seqs", &PlannerConfig::max_num_seqs)
+      .def_readwrite("max_num_batched_tokens", &PlannerConfig::max_num_batched_tokens)
+      .def_readwrite("max_model_len", &PlannerConfig::max_model_len);
+
+  py::class_<Planner>(m, "Planner")
+      .def(py::init<const PlannerConfig&>())
+      .def("add_request", &Planner::add_request, py::arg("seq_id"), py::arg("num_tokens"))
+      .def("append_tokens", &Planner::append_tokens, py::arg("seq_id"), py::arg("num_new"))
+      .def("truncate", &Planner::truncate, py::arg("seq_id"), py::arg("length"))
+      .def("finish", &Planner::finish, py::arg("seq_id"))
+      .def("schedule",
+           [](Planner& self, int32_t lookahead) {
+             StepPlan plan = self.schedule(lookahead);
+             py::list seqs;
+             for (const auto& s : plan.seqs) seqs.append(py::make_tuple(s.seq_id, s.start, s.num_query_tokens));
+             return py::make_tuple(seqs, plan.preempted);
+           },
+           py::arg("lookahead") = 0,
+           "Plan the next step: ([(seq_id, start, num_query_tokens)], [preempted seq_ids]).")
+      .def("page_table", &Planner::page_table, py::arg("seq_id"))
+      .def("num_computed", &Planner::num_computed, py::arg("seq_id"))
+      .def("num_tokens", &Planner::num_tokens, py::arg("seq_id"))
+      .def("has", &Planner::has, py::arg("seq_id"))
+      .def_property_readonly("num_free_pages", &Planner::num_free_pages)
+      .def_property_readonly("num_waiting", &Planner::num_waiting)
+      .def_property_readonly("num_running", &Planner::num_running);
+}

@@ -1,0 +1,160 @@
+#include "sonarspec/planner.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace sonarspec {
+
+namespace {
+std::string id_str(int64_t id) { return std::to_string(id); }
+}  // namespace
+
+Planner::Planner(const PlannerConfig& config) : config_(config) {
+  if (config.num_pages <= 0) throw std::invalid_argument("num_pages must be positive");
+  if (config.page_size <= 0) throw std::invalid_argument("page_size must be positive");
+  if (config.max_num_seqs <= 0) throw std::invalid_argument("max_num_seqs must be positive");
+  if (config.max_num_batched_tokens <= 0)
+    throw std::invalid_argument("max_num_batched_tokens must be positive");
+  free_pages_.reserve(config.num_pages);
+  // Stack of free pages: page 0 is handed out first.
+  for (int32_t p = config.num_pages - 1; p >= 0; --p) free_pages_.push_back(p);
+}
+
+Planner::Seq& Planner::get(int64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) throw std::invalid_argument("unknown sequence id " + id_str(seq_id));
+  return it->second;
+}
+
+const Planner::Seq& Planner::get(int64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) throw std::invalid_argument("unknown sequence id " + id_str(seq_id));
+  return it->second;
+}
+
+int32_t Planner::pages_for(int32_t num_slots) const {
+  return (num_slots + config_.page_size - 1) / config_.page_size;
+}
+
+void Planner::add_request(int64_t seq_id, int32_t num_tokens) {
+  if (seqs_.count(seq_id)) throw std::invalid_argument("sequence id " + id_str(seq_id) + " is already in use");
+  if (num_tokens <= 0) throw std::invalid_argument("a request needs at least one token");
+  if (num_tokens > config_.max_model_len)
+    throw std::invalid_argument("request has " + std::to_string(num_tokens) +
+                                " tokens, more than max_model_len " + std::to_string(config_.max_model_len));
+  if (pages_for(num_tokens + 1) > config_.num_pages)
+    throw std::invalid_argument("request needs " + std::to_string(pages_for(num_tokens + 1)) +
+                                " KV pages but the pool has only " + std::to_string(config_.num_pages));
+  Seq seq;
+  seq.num_tokens = num_tokens;
+  seqs_.emplace(seq_id, std::move(seq));
+  waiting_.push_back(seq_id);
+}
+
+void Planner::append_tokens(int64_t seq_id, int32_t num_new) {
+  if (num_new < 0) throw std::invalid_argument("num_new must be non-negative");
+  get(seq_id).num_tokens += num_new;
+}
+
+void Planner::truncate(int64_t seq_id, int32_t length) {
+  Seq& seq = get(seq_id);
+  if (length < 0 || length > seq.num_tokens)
+    throw std::invalid_argument("cannot truncate sequence " + id_str(seq_id) + " of " +
+                                std::to_string(seq.num_tokens) + " tokens to " + std::to_string(length));
+  seq.num_tokens = length;
+  seq.num_computed = std::min(seq.num_computed, length);
+}
+
+void Planner::release(Seq& seq) {
+  free_pages_.insert(free_pages_.end(), seq.pages.rbegin(), seq.pages.rend());
+  seq.pages.clear();
+}
+
+void Planner::remove_from_queues(int64_t seq_id) {
+  running_.erase(std::remove(running_.begin(), running_.end(), seq_id), running_.end());
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), seq_id), waiting_.end());
+}
+
+void Planner::finish(int64_t seq_id) {
+  Seq& seq = get(seq_id);
+  release(seq);
+  remove_from_queues(seq_id);
+  seqs_.erase(seq_id);
+}
+
+void Planner::preempt(int64_t seq_id) {
+  Seq& seq = get(seq_id);
+  release(seq);
+  seq.num_computed = 0;
+  seq.running = false;
+  remove_from_queues(seq_id);
+  waiting_.push_front(seq_id);
+}
+
+bool Planner::grow(Seq& seq, int32_t num_slots) {
+  int32_t need = pages_for(num_slots) - static_cast<int32_t>(seq.pages.size());
+  if (need <= 0) return true;
+  if (need > num_free_pages()) return false;
+  for (int32_t i = 0; i < need; ++i) {
+    seq.pages.push_back(free_pages_.back());
+    free_pages_.pop_back();
+  }
+  return true;
+}
+
+StepPlan Planner::schedule(int32_t lookahead) {
+  if (lookahead < 0) throw std::invalid_argument("lookahead must be non-negative");
+  StepPlan plan;
+  int32_t budget = config_.max_num_batched_tokens;
+  // Running sequences first, in admission order; preempt from the back when out of pages.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    int64_t id = running_[i];
+    Seq& seq = seqs_.at(id);
+    int32_t num_new = std::min(seq.num_tokens - seq.num_computed, budget);
+    if (num_new <= 0) { ++i; continue; }
+    bool complete = seq.num_computed + num_new == seq.num_tokens;
+    int32_t slots = seq.num_computed + num_new + (complete ? lookahead : 0);
+    bool ok = grow(seq, slots);
+    while (!ok && running_.back() != id) {
+      int64_t victim = running_.back();
+      plan.preempted.push_back(victim);
+      preempt(victim);
+      ok = grow(seq, slots);
+    }
+    if (!ok) {  // nothing left to take pages from: this sequence waits
+      plan.preempted.push_back(id);
+      preempt(id);
+      break;
+    }
+    plan.seqs.push_back({id, seq.num_computed, num_new});
+    seq.num_computed += num_new;
+    budget -= num_new;
+    ++i;
+  }
+  // Then admit waiting sequences in arrival order while pages and budget last; none
+  // after a preemption, so a sequence that just lost its pages is not re-admitted at once.
+  if (!plan.preempted.empty()) return plan;
+  while (!waiting_.empty() && budget > 0 &&
+         static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
+    int64_t id = waiting_.front();
+    Seq& seq = seqs_.at(id);
+    int32_t num_new = std::min(seq.num_tokens - seq.num_computed, budget);
+    bool complete = seq.num_computed + num_new == seq.num_tokens;
+    int32_t slots = seq.num_computed + num_new + (complete ? lookahead : 0);
+    if (!grow(seq, slots)) break;
+    waiting_.pop_front();
+    running_.push_back(id);
+    seq.running = true;
+    plan.seqs.push_back({id, seq.num_computed, num_new});
+    seq.num_computed += num_new;
+    budget -= num_new;
+  }
+  return plan;
+}
+
+std::vector<int32_t> Planner::page_table(int64_t seq_id) const { return get(seq_id).pages; }
+int32_t Planner::num_computed(int64_t seq_id) const { return get(seq_id).num_computed; }
+int32_t Planner::num_tokens(int64_t seq_id) const { return get(seq_id).num_tokens; }
+
+}  // namespace sonarspec

@@ -1,0 +1,191 @@
+"""The engine: plan -> run -> post-process, one step at a time.
+
+Scheduling state and KV page allocation live in the native planner (``_C.Planner``);
+this class holds the models, tensors and per-request Python state.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Union
+
+import torch
+
+from .. import _C
+from ..models.config import ModelConfig
+from ..models.loader import load_model, parse_dtype
+from ..models.tokenizer import Tokenizer
+from ..params import SamplingParams
+from .kv_cache import KVCache, num_pages_for_budget
+from .metadata import build_metadata
+from .runner import ModelRunner
+from .sampler import sample
+from .sequence import Sequence
+
+TIMING_KEYS = ("plan", "draft", "verify", "sample", "wait")
+
+
+@dataclass
+class EngineConfig:
+    page_size: int = 16
+    kv_cache_memory: int = 256 << 20   # bytes for all KV pools together
+    num_pages: Optional[int] = None     # overrides kv_cache_memory
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: Optional[int] = None  # default: the model's max_position_embeddings
+
+    def __post_init__(self):
+        for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+class Engine:
+    def __init__(self, model_dir: str, device="cpu", dtype="float32", config: Optional[EngineConfig] = None):
+        self.config = config or EngineConfig()
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' requested but torch sees no CUDA device")
+        self.dtype = parse_dtype(dtype)
+        self.model = load_model(model_dir, self.dtype, self.device)
+        self.model_config: ModelConfig = self.model.config
+        self.tokenizer = Tokenizer(model_dir)
+        eos = list(self.model_config.eos_token_ids)
+        if not eos and self.tokenizer.eos_token_id is not None:
+            eos = [self.tokenizer.eos_token_id]
+        self.eos_ids = eos
+        c = self.config
+        self.max_model_len = min(c.max_model_len or self.model_config.max_position_embeddings,
+                                 self.model_config.max_position_embeddings)
+        num_pages = c.num_pages or num_pages_for_budget(c.kv_cache_memory, [self.model_config],
+                                                        c.page_size, self.dtype)
+        self.kv_cache = KVCache(self.model_config, num_pages, c.page_size, self.dtype, self.device)
+        self.runner = ModelRunner(self.model, self.kv_cache)
+        pc = _C.PlannerConfig()
+        pc.num_pages, pc.page_size = num_pages, c.page_size
+        pc.max_num_seqs, pc.max_num_batched_tokens = c.max_num_seqs, c.max_num_batched_tokens
+        pc.max_model_len = self.max_model_len
+        self.planner = _C.Planner(pc)
+        self.seqs: Dict[int, Sequence] = {}
+        self._ids = itertools.count()
+        self.timing = dict.fromkeys(TIMING_KEYS, 0.0)
+        self.num_steps = 0
+        self.finished_stats: List[dict] = []
+
+    # ---- requests -------------------------------------------------------------------
+    def add_request(self, prompt: Union[str, List[int]], params: SamplingParams) -> int:
+        """Queues a request; raises ``ValueError`` for bad input without touching others."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise ValueError("prompt must be a string or a list of token ids")
+        if not ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary "
+                             f"[0, {self.model_config.vocab_size})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens but the context holds {self.max_model_len} "
+                             f"(prompt plus at least one generated token)")
+        seq_id = next(self._ids)
+        self.planner.add_request(seq_id, len(ids))
+        self.seqs[seq_id] = Sequence(seq_id, ids, params, self.eos_ids, self.device)
+        return seq_id
+
+    def abort(self, seq_id: int) -> None:
+        seq = self.seqs.get(seq_id)
+        if seq is not None and not seq.finished:
+            self._finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return any(not s.finished for s in self.seqs.values())
+
+    def pop_finished(self, seq_id: int) -> Sequence:
+        return self.seqs.pop(seq_id)
+
+    # ---- one step -------------------------------------------------------------------
+    def step(self) -> List[Sequence]:
+        """Runs one engine step; returns the sequences that received tokens or finished."""
+        t0 = time.perf_counter()
+        scheduled, preempted = self.planner.schedule(0)
+        for sid in preempted:
+            self.seqs[sid].num_preemptions += 1
+        if not scheduled:
+            return []
+        input_ids: List[int] = []
+        rows, logits_idx, to_sample = [], [], []
+        for sid, start, n in scheduled:
+            seq = self.seqs[sid]
+            input_ids.extend(seq.all_ids[start:start + n])
+            rows.append((start, n, self.planner.page_table(sid)))
+            if start + n == seq.num_tokens:
+                logits_idx.append(len(input_ids) - 1)
+                to_sample.append(seq)
+        meta, positions = build_metadata(rows, self.config.page_size, self.device,
+                                         self.model_config.sliding_window)
+        ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        idx_t = torch.tensor(logits_idx, dtype=torch.long, device=self.device)
+        t1 = time.perf_counter()
+        logits = self.runner.forward(ids_t, positions, meta, idx_t)
+        t2 = time.perf_counter()
+        tokens = sample(logits, [s.params for s in to_sample], [s.generator for s in to_sample])
+        t3 = time.perf_counter()
+        for seq, tok in zip(to_sample, tokens):
+            seq.num_steps += 1
+            self._append(seq, [tok])
+        t4 = time.perf_counter()
+        self.timing["plan"] += (t1 - t0) + (t4 - t3)
+        self.timing["verify"] += t2 - t1
+        self.timing["sample"] += t3 - t2
+        self.num_steps += 1
+        return to_sample
+
+    # ---- post-processing ------------------------------------------------------------
+    def _append(self, seq: Sequence, tokens: List[int]) -> None:
+        """Appends emitted tokens, stopping exactly at the first stop condition."""
+        if seq.first_token_time is None:
+            seq.first_token_time = time.perf_counter()
+        p = seq.params
+        for tok in tokens:
+            seq.output_ids.append(tok)
+            self.planner.append_tokens(seq.seq_id, 1)
+            reason, text = None, None
+            if tok in seq.stop_ids:
+                reason = "stop"
+            elif len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+                reason = "length"
+            if p.stop:
+                full = self.tokenizer.decode(seq.output_ids)
+                cut = _find_stop(full, p.stop)
+                if cut is not None:
+                    text, reason = full[:cut], "stop"
+            if reason is not None:
+                self._finish(seq, reason, text)
+                return
+
+    def _finish(self, seq: Sequence, reason: str, text: Optional[str] = None) -> None:
+        seq.text = text if text is not None else self.tokenizer.decode(seq.output_ids)
+        seq.finish_reason = reason
+        if self.planner.has(seq.seq_id):
+            self.planner.finish(seq.seq_id)
+        self.finished_stats.append(seq.stats())
+
+    def text_so_far(self, seq: Sequence) -> str:
+        return seq.text if seq.finished else self.tokenizer.decode(seq.output_ids)
+
+
+def _find_stop(text: str, stops: List[str]) -> Optional[int]:
+    """Earliest position of any stop string in ``text``, or None."""
+    best = None
+    for s in stops:
+        i = text.find(s)
+        if i != -1 and (best is None or i < best):
+            best = i
+    return best

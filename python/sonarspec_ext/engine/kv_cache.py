@@ -1,0 +1,37 @@
+"""Paged KV cache: one pool tensor per model; page ids are shared between models."""
+from __future__ import annotations
+
+import torch
+
+from ..models.config import ModelConfig
+
+
+def bytes_per_page(cfg: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_hidden_layers * page_size * cfg.num_key_value_heads * cfg.head_dim * elem
+
+
+def num_pages_for_budget(memory_bytes: int, cfgs, page_size: int, dtype: torch.dtype) -> int:
+    """How many pages fit in ``memory_bytes`` when every model in ``cfgs`` keeps a pool."""
+    per_page = sum(bytes_per_page(c, page_size, dtype) for c in cfgs)
+    return max(1, int(memory_bytes // per_page))
+
+
+class KVCache:
+    """Keys and values of one model: (num_layers, num_pages * page_size, num_kv_heads, head_dim).
+
+    Slot ``page_id * page_size + offset`` holds the token at that offset of the page.
+    """
+
+    def __init__(self, cfg: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device):
+        shape = (cfg.num_hidden_layers, num_pages * page_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_pages, self.page_size = num_pages, page_size
+
+    def layer(self, i: int):
+        return self.k[i], self.v[i]
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.shape[1]

@@ -1,0 +1,60 @@
+"""Build per-step attention metadata from the planner's decisions."""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from ..layers.attention import PagedAttentionMetadata
+
+
+def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: int, device,
+                   sliding_window: Optional[int] = None,
+                   query_masks: Optional[List[Optional[np.ndarray]]] = None):
+    """``seqs``: (start, num_query_tokens, page_table) per sequence, in packed order.
+
+    Returns (metadata, positions) where positions is (num_tokens,) int64. ``query_masks``
+    optionally gives, per sequence, a (num_query, num_query) bool mask over its own query
+    block (True = may attend), replacing the causal rule inside that block.
+    """
+    B = len(seqs)
+    q_lens = np.fromiter((s[1] for s in seqs), dtype=np.int64, count=B)
+    kv_lens = np.fromiter((s[0] + s[1] for s in seqs), dtype=np.int64, count=B)
+    q_max, kv_max = int(q_lens.max()), int(kv_lens.max())
+    kv_slots = np.zeros((B, kv_max), dtype=np.int64)
+    query_index = np.zeros((B, q_max), dtype=np.int64)
+    positions = np.empty(int(q_lens.sum()), dtype=np.int64)
+    slot_mapping = np.empty_like(positions)
+    output_index = np.empty_like(positions)
+    offset = 0
+    for b, (start, n, table) in enumerate(seqs):
+        kv_len = start + n
+        pos = np.arange(kv_len, dtype=np.int64)
+        pages = np.asarray(table, dtype=np.int64)
+        slots = pages[pos // page_size] * page_size + pos % page_size
+        kv_slots[b, :kv_len] = slots
+        positions[offset:offset + n] = pos[start:]
+        slot_mapping[offset:offset + n] = slots[start:]
+        query_index[b, :n] = np.arange(offset, offset + n)
+        output_index[offset:offset + n] = b * q_max + np.arange(n)
+        offset += n
+    uniform = bool((q_lens == 1).all() and (kv_lens == kv_max).all()) and sliding_window is None
+    mask = None
+    if not uniform or query_masks is not None:
+        q_pos = np.zeros((B, q_max), dtype=np.int64)
+        for b, (start, n, _) in enumerate(seqs):
+            q_pos[b, :n] = np.arange(start, start + n)
+        key = np.arange(kv_max)[None, None, :]
+        m = key <= q_pos[:, :, None]
+        if sliding_window is not None:
+            m &= key > q_pos[:, :, None] - sliding_window
+        for b, (start, n, _) in enumerate(seqs):
+            if query_masks is not None and query_masks[b] is not None:
+                m[b, :n, start:start + n] = query_masks[b]
+            m[b, n:, 0] = True  # padded query rows see one key so softmax stays finite
+        mask = torch.from_numpy(m).unsqueeze(1).to(device)
+    t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    meta = PagedAttentionMetadata(slot_mapping=t(slot_mapping), query_index=t(query_index),
+                                  kv_slots=t(kv_slots), mask=mask, output_index=t(output_index))
+    return meta, t(positions)

@@ -1,0 +1,27 @@
+"""Runs one model over a packed batch on its paged KV cache."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
+from ..models.llama import LlamaForCausalLM
+from .kv_cache import KVCache
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache):
+        self.model, self.kv_cache = model, kv_cache
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: PagedAttentionMetadata,
+                logits_indices: torch.Tensor, hidden_indices: Optional[torch.Tensor] = None):
+        """Runs the packed tokens (num_tokens,) and returns float32 logits for the rows in
+        ``logits_indices`` (num_logits, vocab_size), plus final hidden states for the rows in
+        ``hidden_indices`` when given."""
+        hidden = self.model(input_ids, positions, TorchPagedAttention(self.kv_cache, meta))
+        logits = self.model.compute_logits(hidden[logits_indices])
+        if hidden_indices is None:
+            return logits
+        return logits, hidden[hidden_indices]

@@ -1,0 +1,68 @@
+"""Per-request state owned by the Python side of the engine."""
+from __future__ import annotations
+
+import time
+from typing import List, Optional
+
+import torch
+
+from ..params import RequestOutput, SamplingParams
+
+
+class Sequence:
+    def __init__(self, seq_id: int, prompt_ids: List[int], params: SamplingParams,
+                 eos_ids: List[int], device):
+        self.seq_id = seq_id
+        self.prompt_ids = list(prompt_ids)
+        self.output_ids: List[int] = []
+        self.params = params
+        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+        self.generator: Optional[torch.Generator] = None
+        if not params.greedy:
+            self.generator = torch.Generator(device=device)
+            if params.seed is not None:
+                self.generator.manual_seed(params.seed)
+            else:
+                self.generator.seed()
+        self.text = ""
+        self.num_emitted_chars = 0   # text already handed out by stream()
+        self.finish_reason: Optional[str] = None
+        self.error: Optional[str] = None
+        self.arrival = time.perf_counter()
+        self.first_token_time: Optional[float] = None
+        self.num_steps = 0            # decode (verification) steps that emitted tokens
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_position: List[int] = []
+        self.num_preemptions = 0
+
+    @property
+    def all_ids(self) -> List[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def stats(self) -> dict:
+        steps = max(self.num_steps, 1)
+        return {
+            "num_steps": self.num_steps,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "acceptance_length": (self.num_accepted_tokens + self.num_steps) / steps if self.num_steps else 0.0,
+            "accepted_per_position": [a / steps for a in self.accepted_per_position],
+            "num_prompt_tokens": len(self.prompt_ids),
+            "num_output_tokens": len(self.output_ids),
+            "num_preemptions": self.num_preemptions,
+            "ttft_s": None if self.first_token_time is None else self.first_token_time - self.arrival,
+        }
+
+    def to_output(self) -> RequestOutput:
+        return RequestOutput(request_id=self.seq_id, prompt_token_ids=self.prompt_ids,
+                             token_ids=list(self.output_ids), text=self.text,
+                             finish_reason=self.finish_reason, error=self.error, stats=self.stats())

@@ -1,0 +1,74 @@
+"""Attention backends.
+
+Every backend implements ``attend(layer_idx, q, k, v) -> out`` on packed tokens:
+``q`` (num_tokens, num_heads, head_dim), ``k``/``v`` (num_tokens, num_kv_heads, head_dim),
+``out`` (num_tokens, num_heads * head_dim). The model code is the same for training
+(dense causal batches) and inference (paged KV cache).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+class AttentionBackend:
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class DenseCausalAttention(AttentionBackend):
+    """Causal attention over ``batch_size`` equal-length sequences, no cache (training)."""
+
+    def __init__(self, batch_size: int, seq_len: int):
+        self.batch_size, self.seq_len = batch_size, seq_len
+
+    def attend(self, layer_idx, q, k, v):
+        B, T = self.batch_size, self.seq_len
+        q, k, v = (t.view(B, T, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return out.transpose(1, 2).reshape(B * T, -1)
+
+
+@dataclass
+class PagedAttentionMetadata:
+    """Per-step metadata shared by all layers (built once per step).
+
+    slot_mapping:   (num_tokens,) KV slot (page_id * page_size + offset) for each new token.
+    query_index:    (batch_size, max_query_len) packed-token index of each query, padded.
+    kv_slots:       (batch_size, max_kv_len) slot of each cached position, padded.
+    mask:           (batch_size, 1, max_query_len, max_kv_len) bool, or None when every
+                    query may see every key (uniform single-token decode).
+    output_index:   (num_tokens,) row of the flattened (batch_size * max_query_len) output
+                    holding each packed token.
+    """
+    slot_mapping: torch.Tensor
+    query_index: torch.Tensor
+    kv_slots: torch.Tensor
+    mask: Optional[torch.Tensor]
+    output_index: torch.Tensor
+
+
+class TorchPagedAttention(AttentionBackend):
+    """Paged attention in plain torch (CPU and CUDA): writes new K/V into the page pool,
+    gathers each sequence's cached K/V and runs one masked SDPA for the whole batch."""
+
+    def __init__(self, kv_cache, meta: PagedAttentionMetadata):
+        self.kv_cache, self.meta = kv_cache, meta
+
+    def attend(self, layer_idx, q, k, v):
+        m = self.meta
+        k_pool, v_pool = self.kv_cache.layer(layer_idx)
+        k_pool.index_copy_(0, m.slot_mapping, k.to(k_pool.dtype))
+        v_pool.index_copy_(0, m.slot_mapping, v.to(v_pool.dtype))
+        B, Lq = m.query_index.shape
+        qb = q[m.query_index].transpose(1, 2)                       # (B, H, Lq, D)
+        kb = k_pool[m.kv_slots].transpose(1, 2).to(q.dtype)          # (B, Hkv, Lk, D)
+        vb = v_pool[m.kv_slots].transpose(1, 2).to(q.dtype)
+        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=m.mask, enable_gqa=True)
+        out = out.transpose(1, 2).reshape(B * Lq, -1)
+        if out.shape[0] == m.output_index.shape[0]:
+            return out
+        return out[m.output_index]

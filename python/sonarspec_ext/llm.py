@@ -1,0 +1,105 @@
+"""The user-facing facade: ``LLM.generate``, ``LLM.stream``, ``LLM.stats``."""
+from __future__ import annotations
+
+from typing import Iterator, List, Optional, Sequence, Union
+
+from .assets import resolve
+from .engine.engine import TIMING_KEYS, Engine, EngineConfig
+from .params import RequestOutput, SamplingParams, SpecConfig
+
+Prompt = Union[str, List[int]]
+
+
+class LLM:
+    """A model (plus its speculation scheme) behind a batched engine.
+
+    ``model``: ``"default"`` (the packaged target) or a Hugging Face model directory.
+    Extra keyword arguments configure the engine (see ``EngineConfig``).
+    """
+
+    def __init__(self, model: str = "default", spec: Optional[SpecConfig] = None, device: str = "cpu",
+                 dtype: str = "float32", **engine_kwargs):
+        self.spec = spec or SpecConfig()
+        if not isinstance(self.spec, SpecConfig):
+            raise ValueError(f"spec must be a SpecConfig, got {type(self.spec).__name__}")
+        if self.spec.method != "none":
+            raise ValueError(f"speculation method {self.spec.method!r} is not available in this build; "
+                             f"use SpecConfig(method='none')")
+        self.engine = Engine(resolve(model, "target"), device=device, dtype=dtype,
+                             config=EngineConfig(**engine_kwargs))
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
+                 use_tqdm: bool = False) -> List[RequestOutput]:
+        """Generates for every prompt (strings or token-id lists); outputs keep prompt order.
+        Invalid requests raise ``ValueError`` before anything is queued."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        params = list(params)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        ids = []
+        try:
+            for p, sp in zip(prompts, params):
+                ids.append(self.engine.add_request(p, sp))
+        except ValueError as e:
+            for sid in ids:
+                self.engine.abort(sid)
+                self.engine.pop_finished(sid)
+            raise ValueError(f"prompt {len(ids)}: {e}") from None
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+            bar = tqdm(total=len(ids), desc="generate", unit="req")
+        pending = set(ids)
+        while pending:
+            self.engine.step()
+            done = {sid for sid in pending if self.engine.seqs[sid].finished}
+            pending -= done
+            if bar is not None and done:
+                bar.update(len(done))
+        if bar is not None:
+            bar.close()
+        return [self.engine.pop_finished(sid).to_output() for sid in ids]
+
+    def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None) -> Iterator[str]:
+        """Yields the continuation of one prompt as text deltas while it is generated.
+        Closing the generator early aborts the request."""
+        sid = self.engine.add_request(prompt, params or SamplingParams())
+        seq = self.engine.seqs[sid]
+        try:
+            while not seq.finished:
+                self.engine.step()
+                text = self.engine.text_so_far(seq)
+                if not seq.finished:
+                    text = text.rstrip("\ufffd")  # hold back an incomplete UTF-8 character
+                if len(text) > seq.num_emitted_chars:
+                    yield text[seq.num_emitted_chars:]
+                    seq.num_emitted_chars = len(text)
+        finally:
+            self.engine.abort(sid)
+            self.engine.pop_finished(sid)
+
+    def stats(self) -> dict:
+        """Aggregated statistics over finished requests plus the engine's timing split (s)."""
+        fs = self.engine.finished_stats
+        steps = sum(s["num_steps"] for s in fs)
+        accepted = sum(s["num_accepted_tokens"] for s in fs)
+        width = max((len(s["accepted_per_position"]) for s in fs), default=0)
+        per_pos = [sum(s["accepted_per_position"][k] * s["num_steps"] for s in fs
+                       if k < len(s["accepted_per_position"])) / max(steps, 1) for k in range(width)]
+        return {
+            "num_requests": len(fs),
+            "num_steps": steps,
+            "num_draft_tokens": sum(s["num_draft_tokens"] for s in fs),
+            "num_accepted_tokens": accepted,
+            "acceptance_length": (accepted + steps) / steps if steps else 0.0,
+            "accepted_per_position": per_pos,
+            "num_output_tokens": sum(s["num_output_tokens"] for s in fs),
+            "num_engine_steps": self.engine.num_steps,
+            "timing": {k: self.engine.timing[k] for k in TIMING_KEYS},
+        }

@@ -1,0 +1,117 @@
+"""Load and save Hugging Face model directories (config + safetensors, single or sharded)."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from ..layers.rotary import RotaryEmbedding
+from .config import CheckpointError, ModelConfig
+from .llama import LlamaForCausalLM
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)}")
+
+
+def weight_files(path: str) -> Dict[str, str]:
+    """Map of tensor name -> safetensors file holding it."""
+    single = os.path.join(path, "model.safetensors")
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index) as fh:
+                weight_map = json.load(fh)["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
+        return {name: os.path.join(path, f) for name, f in weight_map.items()}
+    if os.path.isfile(single):
+        try:
+            with safe_open(single, framework="pt") as f:
+                return {name: single for name in f.keys()}
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{single}: corrupt or truncated safetensors file ({e})") from None
+    raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json found")
+
+
+def load_state(path: str, expected: Dict[str, torch.Size], dtype: torch.dtype) -> Dict[str, torch.Tensor]:
+    """Read the tensors named in ``expected`` from a model dir, memory-mapped file by file,
+    checking presence and shape, converted to ``dtype``."""
+    files = weight_files(path)
+    missing = [n for n in expected if n not in files]
+    if missing:
+        raise CheckpointError(f"{path}: missing tensor {missing[0]!r}"
+                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    by_file: Dict[str, list] = {}
+    for name in expected:
+        by_file.setdefault(files[name], []).append(name)
+    state = {}
+    for fname, names in by_file.items():
+        if not os.path.isfile(fname):
+            raise CheckpointError(f"{fname}: file not found (listed in the safetensors index)")
+        try:
+            with safe_open(fname, framework="pt") as f:
+                keys = set(f.keys())
+                for name in names:
+                    if name not in keys:
+                        raise CheckpointError(f"{fname}: missing tensor {name!r} (listed in the index)")
+                    shape = tuple(f.get_slice(name).get_shape())
+                    if shape != tuple(expected[name]):
+                        raise CheckpointError(f"{fname}: tensor {name!r} has shape {list(shape)}, "
+                                              f"expected {list(expected[name])}")
+                    state[name] = f.get_tensor(name).to(dtype)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise CheckpointError(f"{fname}: corrupt or truncated safetensors file ({e})") from None
+    return state
+
+
+def load_model(path: str, dtype="float32", device="cpu") -> LlamaForCausalLM:
+    """Build a model from an HF-format directory; parameters land directly in ``dtype``."""
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: model directory not found")
+    cfg = ModelConfig.from_dir(path)
+    torch_dtype = parse_dtype(dtype)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    expected = {n: p.shape for n, p in model.named_parameters()}
+    state = load_state(path, expected, torch_dtype)
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    # Buffers (RoPE tables) were created on meta: rebuild them on the target device.
+    model.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+    return model.to(device).eval()
+
+
+def save_model(model: LlamaForCausalLM, path: str, dtype="float32") -> None:
+    """Write ``config.json`` and ``model.safetensors`` (tied lm_head omitted, as HF does)."""
+    os.makedirs(path, exist_ok=True)
+    torch_dtype = parse_dtype(dtype)
+    cfg = model.config
+    state = {n: p.detach().to(torch_dtype).contiguous() for n, p in model.named_parameters()}
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    d = cfg.to_hf_dict()
+    d["torch_dtype"] = str(torch_dtype).replace("torch.", "")
+    tmp = os.path.join(path, "model.safetensors.tmp")
+    save_file(state, tmp, metadata={"format": "pt"})
+    os.replace(tmp, os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(d, fh, indent=2)
+    gen = {"eos_token_id": cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1 else cfg.eos_token_ids}
+    if cfg.bos_token_id is not None:
+        gen["bos_token_id"] = cfg.bos_token_id
+    with open(os.path.join(path, "generation_config.json"), "w") as fh:
+        json.dump(gen, fh, indent=2)

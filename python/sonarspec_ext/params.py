@@ -1,0 +1,89 @@
+"""User-facing request and speculation parameters, validated on construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Union
+
+SPEC_METHODS = ("none", "draft_target", "mtp", "eagle_tree", "ngram")
+
+
+@dataclass
+class SamplingParams:
+    """How one request is decoded.
+
+    temperature 0 means greedy; top_k 0 means no top-k cut; top_p 1.0 means no
+    nucleus cut. ``seed`` makes sampling reproducible regardless of batch
+    composition. ``stop`` strings end the output before the match; ``stop_token_ids``
+    end it after the token (eos ids are added unless ``ignore_eos``).
+    """
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+    stop: Optional[Union[str, Sequence[str]]] = None
+    stop_token_ids: Optional[Sequence[int]] = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        _check(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
+               and self.max_tokens >= 1, f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        _check(_is_number(self.temperature) and self.temperature >= 0,
+               f"temperature must be a number >= 0, got {self.temperature!r}")
+        _check(isinstance(self.top_k, int) and self.top_k >= 0,
+               f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        _check(_is_number(self.top_p) and 0 < self.top_p <= 1,
+               f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
+               f"seed must be an integer or None, got {self.seed!r}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings")
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+               "stop_token_ids must be non-negative integers")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class SpecConfig:
+    """Speculative decoding configuration (see DESIGN.md)."""
+    method: str = "none"
+    draft: Optional[str] = None
+    num_draft_tokens: int = 4
+    tree_top_k: Optional[int] = None
+    tree_num_nodes: Optional[int] = None
+
+    def __post_init__(self):
+        _check(self.method in SPEC_METHODS,
+               f"SpecConfig.method must be one of {SPEC_METHODS}, got {self.method!r}")
+        _check(isinstance(self.num_draft_tokens, int) and self.num_draft_tokens >= 1,
+               f"num_draft_tokens must be an integer >= 1, got {self.num_draft_tokens!r}")
+        for name in ("tree_top_k", "tree_num_nodes"):
+            v = getattr(self, name)
+            _check(v is None or (isinstance(v, int) and v >= 1), f"{name} must be None or >= 1, got {v!r}")
+
+
+@dataclass
+class RequestOutput:
+    """The result of one request."""
+    request_id: int
+    prompt_token_ids: List[int]
+    token_ids: List[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: Optional[str] = None   # "stop" | "length" | "abort" | "error"
+    error: Optional[str] = None
+    stats: dict = field(default_factory=dict)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
+def _check(ok: bool, msg: str):
+    if not ok:
+        raise ValueError(msg)

@@ -1,0 +1,98 @@
+"""Greedy generation vs transformers generate, batch vs alone, dtypes, streaming."""
+import pytest
+import torch
+
+from conftest import hf_load
+from sonarspec_ext import LLM, SamplingParams
+
+
+def prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("fixture", ["llama_dir", "qwen_dir"])
+def test_greedy_batch_equals_alone_equals_transformers(fixture, request):
+    path = request.getfixturevalue(fixture)
+    llm = LLM(path, page_size=4)
+    hf = hf_load(path)
+    ps = prompts(6)
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    batch = llm.generate(ps, params)
+    for p, out in zip(ps, batch):
+        alone = llm.generate([p], params)[0]
+        assert alone.token_ids == out.token_ids
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              max_new_tokens=20, do_sample=False, min_new_tokens=20,
+                              pad_token_id=0)[0, len(p):].tolist()
+        assert out.token_ids == ref
+        assert out.finish_reason == "length" and len(out.token_ids) == 20
+
+
+def test_small_token_budget_chunks_prefill_without_changing_output(llama_dir):
+    ps = prompts(5, seed=3)
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    ref = LLM(llama_dir).generate(ps, params)
+    chunked = LLM(llama_dir, max_num_batched_tokens=7, max_num_seqs=2).generate(ps, params)
+    assert [o.token_ids for o in chunked] == [o.token_ids for o in ref]
+
+
+def test_preemption_recomputes_without_changing_output(llama_dir):
+    ps = prompts(8, seed=4)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    ref = LLM(llama_dir).generate(ps, params)
+    llm = LLM(llama_dir, page_size=2, num_pages=40)
+    tight = llm.generate(ps, params)
+    assert [o.token_ids for o in tight] == [o.token_ids for o in ref]
+    assert sum(o.stats["num_preemptions"] for o in tight) > 0
+    assert llm.engine.planner.num_free_pages == 40
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_runs_and_mostly_agrees(llama_dir, dtype):
+    ps = prompts(3, seed=5)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    ref = LLM(llama_dir).generate(ps, params)
+    out = LLM(llama_dir, dtype=dtype).generate(ps, params)
+    assert all(len(o.token_ids) == 6 for o in out)
+    # First greedy token agrees with float32 (margins of this model are large).
+    assert sum(o.token_ids[0] == r.token_ids[0] for o, r in zip(out, ref)) >= 2
+
+
+def test_stop_token_and_stop_string(llama_dir):
+    llm = LLM(llama_dir)
+    p = prompts(1, seed=6)[0]
+    base = llm.generate(p, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0]
+    stop_tok = base.token_ids[4]
+    first = base.token_ids.index(stop_tok)
+    out = llm.generate(p, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
+                                         stop_token_ids=[stop_tok]))[0]
+    assert out.token_ids == base.token_ids[:first + 1] and out.finish_reason == "stop"
+    text = base.text
+    stop = text[3:5]
+    out = llm.generate(p, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop=[stop]))[0]
+    assert out.finish_reason == "stop"
+    assert out.text == text[:text.find(stop)]
+
+
+def test_eos_ends_generation_unless_ignored(llama_dir):
+    llm = LLM(llama_dir)
+    p = prompts(1, seed=7)[0]
+    base = llm.generate(p, SamplingParams(max_tokens=15, temperature=0.0, ignore_eos=True))[0]
+    eos = base.token_ids[2]
+    llm.engine.eos_ids = [eos]
+    out = llm.generate(p, SamplingParams(max_tokens=15, temperature=0.0))[0]
+    assert out.token_ids[-1] == eos and out.finish_reason == "stop"
+    assert out.token_ids == base.token_ids[:len(out.token_ids)]
+
+
+def test_stream_yields_the_same_text_as_generate(llama_dir):
+    llm = LLM(llama_dir)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    text = llm.generate("hello world", params)[0].text
+    deltas = list(llm.stream("hello world", params))
+    assert "".join(deltas) == text and len(deltas) > 1
+    assert llm.engine.planner.num_free_pages == llm.engine.kv_cache.num_pages
+    assert llm.stats()["num_output_tokens"] == 32
