@@ -1,29 +1,9 @@
-import json
-import os
-
 import pytest
 import torch
 
+from sonarspec_ext.models.tokenizer import write_byte_tokenizer
+
 VOCAB = 300
-
-
-def byte_tokenizer_json() -> dict:
-    """A byte-level BPE tokenizer with no merges: 256 byte tokens + <|endoftext|>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {ch: i for i, ch in enumerate(alphabet)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|endoftext|>"])
-    return json.loads(tok.to_str())
-
-
-def write_tokenizer(path: str):
-    with open(os.path.join(path, "tokenizer.json"), "w") as fh:
-        json.dump(byte_tokenizer_json(), fh)
-    with open(os.path.join(path, "tokenizer_config.json"), "w") as fh:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}, fh)
 
 
 def make_hf_model(path: str, arch: str = "llama", seed: int = 0, **overrides):
@@ -50,7 +30,7 @@ def make_hf_model(path: str, arch: str = "llama", seed: int = 0, **overrides):
             elif "bias" in n:
                 p.normal_(0, 0.1)
     model.save_pretrained(path, safe_serialization=True)
-    write_tokenizer(path)
+    write_byte_tokenizer(path)
     return model.eval()
 
 

@@ -13,6 +13,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..ops import kv_store
+
 
 class AttentionBackend:
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -61,8 +63,8 @@ class TorchPagedAttention(AttentionBackend):
     def attend(self, layer_idx, q, k, v):
         m = self.meta
         k_pool, v_pool = self.kv_cache.layer(layer_idx)
-        k_pool.index_copy_(0, m.slot_mapping, k.to(k_pool.dtype))
-        v_pool.index_copy_(0, m.slot_mapping, v.to(v_pool.dtype))
+        kv_store(k_pool, v_pool, k.to(k_pool.dtype).contiguous(), v.to(v_pool.dtype).contiguous(),
+                 m.slot_mapping)
         B, Lq = m.query_index.shape
         qb = q[m.query_index].transpose(1, 2)                       # (B, H, Lq, D)
         kb = k_pool[m.kv_slots].transpose(1, 2).to(q.dtype)          # (B, Hkv, Lk, D)

@@ -51,3 +51,19 @@ class Tokenizer:
         import hashlib
         vocab = sorted(self._tok.get_vocab(with_added_tokens=True).items())
         return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
+
+
+def write_byte_tokenizer(path: str, eot: str = "<|endoftext|>") -> None:
+    """Writes a byte-level tokenizer with no merges (256 byte tokens, then ``eot`` as
+    id 256) as ``tokenizer.json`` + ``tokenizer_config.json``: for synthetic models."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = HFTokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([eot])
+    os.makedirs(path, exist_ok=True)
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as fh:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eot}, fh)

@@ -1,0 +1,80 @@
+"""The ``sonarspec`` command line: generate, bench."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _generate(args) -> int:
+    from . import LLM, SamplingParams, SpecConfig
+    spec = SpecConfig(method=args.spec, draft=args.draft, num_draft_tokens=args.num_draft_tokens)
+    llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
+    t0 = time.perf_counter()
+    sys.stdout.write(args.prompt)
+    for delta in llm.stream(args.prompt, params):
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    dt = time.perf_counter() - t0
+    s = llm.stats()
+    n = s["num_output_tokens"]
+    print(f"\n--- {n} tokens in {dt:.2f}s ({n / dt:.1f} tok/s), spec={args.spec}, "
+          f"acceptance length {s['acceptance_length']:.2f}", file=sys.stderr)
+    return 0
+
+
+def _bench(args) -> int:
+    from .bench import bench_decode, print_table, write_json
+    if args.spec != "none":
+        print(f"bench: --spec {args.spec} is not available in this build", file=sys.stderr)
+        return 2
+    info = bench_decode(None if args.model == "synthetic-30m" else args.model, args.batch_sizes,
+                        args.prompt_len, args.max_tokens, args.repeats, args.threads,
+                        with_transformers=not args.no_transformers)
+    print_table(info)
+    if args.json:
+        write_json(info, args.json)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="sonarspec", description="LLM inference built for speculative decoding")
+    sub = ap.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate a continuation of PROMPT")
+    g.add_argument("prompt")
+    g.add_argument("--model", default="default", help="HF model directory or 'default' (packaged target)")
+    g.add_argument("--spec", default="none", choices=["none", "draft_target", "mtp", "eagle_tree", "ngram"])
+    g.add_argument("--draft", default="default")
+    g.add_argument("--num-draft-tokens", type=int, default=4)
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.set_defaults(func=_generate)
+    b = sub.add_parser("bench", help="decode speed vs transformers on the same weights")
+    b.add_argument("--spec", default="none")
+    b.add_argument("--model", default="synthetic-30m", help="HF model dir, or synthetic-30m (random 30M Llama)")
+    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    b.add_argument("--prompt-len", type=int, default=32)
+    b.add_argument("--max-tokens", type=int, default=128)
+    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
+    b.add_argument("--json", default=None, help="write results to this JSON file")
+    b.set_defaults(func=_bench)
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"sonarspec: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

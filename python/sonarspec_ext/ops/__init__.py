@@ -1,0 +1,4 @@
+"""One Python entry per native kernel: validates tensors, then dispatches by device."""
+from .kv_store import kv_store
+
+__all__ = ["kv_store"]

@@ -1,0 +1,24 @@
+"""Tensor checks shared by the ops: raise ValueError naming the tensor."""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+
+
+def check_tensor(name: str, t, *, dtypes: Optional[Iterable[torch.dtype]] = None, ndim: Optional[int] = None,
+                 device: Optional[torch.device] = None, contiguous: bool = True) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in tuple(dtypes):
+        raise ValueError(f"{name} has dtype {t.dtype}, expected one of {[str(d) for d in dtypes]}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {list(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def stream_handle(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0

@@ -1,0 +1,51 @@
+"""The native extension: build info, kv_store kernel vs its torch reference."""
+import pytest
+import torch
+
+from sonarspec_ext import _C, ops
+from sonarspec_ext.ops.reference import kv_store_reference
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and _C.cuda_available() else [])
+
+
+def test_build_info():
+    info = _C.build_info()
+    assert isinstance(info["cuda"], bool) and isinstance(info["version"], str)
+    assert (info["cuda_arch"] is None) == (not info["cuda"])
+    assert isinstance(_C.cuda_available(), bool)
+    if not info["cuda"]:
+        assert not _C.cuda_available()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens,heads,dim", [(1, 1, 8), (7, 2, 3), (99, 4, 64)])
+def test_kv_store_matches_reference(device, dtype, num_tokens, heads, dim):
+    g = torch.Generator().manual_seed(num_tokens)
+    num_slots = 2 * num_tokens + 5
+    slots = torch.randperm(num_slots, generator=g)[:num_tokens]
+    slots[0] = -1  # padding token: skipped
+    k = torch.randn(num_tokens, heads, dim, generator=g).to(dtype)
+    v = torch.randn(num_tokens, heads, dim, generator=g).to(dtype)
+    pools = [torch.randn(num_slots, heads, dim, generator=g).to(dtype) for _ in range(2)]
+    ref = [p.clone() for p in pools]
+    kv_store_reference(ref[0], ref[1], k, v, slots)
+    dev = [t.to(device) for t in (pools[0], pools[1], k, v, slots)]
+    ops.kv_store(*dev)
+    assert torch.equal(dev[0].cpu(), ref[0]) and torch.equal(dev[1].cpu(), ref[1])
+
+
+def test_kv_store_rejects_bad_tensors():
+    pool = torch.zeros(10, 2, 4)
+    k = torch.zeros(3, 2, 4)
+    slots = torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match="slot_mapping"):
+        ops.kv_store(pool, pool.clone(), k, k, slots.int())
+    with pytest.raises(ValueError, match="k has dtype"):
+        ops.kv_store(pool, pool.clone(), k.half(), k, slots)
+    with pytest.raises(ValueError, match="v must be contiguous"):
+        ops.kv_store(pool, pool.clone(), k, torch.zeros(2, 3, 4).transpose(0, 1), slots)
+    with pytest.raises(ValueError, match="k has shape"):
+        ops.kv_store(pool, pool.clone(), torch.zeros(3, 2, 5), k, slots)
+    with pytest.raises(ValueError, match="k_pool must have 3 dimensions"):
+        ops.kv_store(pool[0], pool.clone(), k, k, slots)
