@@ -49,3 +49,25 @@ def test_kv_store_rejects_bad_tensors():
         ops.kv_store(pool, pool.clone(), torch.zeros(3, 2, 5), k, slots)
     with pytest.raises(ValueError, match="k_pool must have 3 dimensions"):
         ops.kv_store(pool[0], pool.clone(), k, k, slots)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 16])
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 13), (99, 64), (1408, 512), (111, 1000)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_padded_linear_matches_torch(m, n, k, bias):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    torch.testing.assert_close(ops.padded_linear(x, w, b), torch.nn.functional.linear(x, w, b),
+                               atol=1e-4 * k ** 0.5, rtol=1e-5)
+    # leading dims are kept, and one-hot rows pick exact weight columns
+    eye = torch.eye(k)[: min(k, 3)].reshape(1, -1, k)
+    assert torch.equal(ops.padded_linear(eye, w), w[:, : min(k, 3)].T.reshape(1, -1, n))
+
+
+def test_padded_linear_keeps_autograd():
+    x = torch.randn(2, 8, requires_grad=True)
+    w = torch.randn(5, 8, requires_grad=True)
+    ops.padded_linear(x, w).sum().backward()
+    torch.testing.assert_close(x.grad, w.sum(0).expand(2, 8))

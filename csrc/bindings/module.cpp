@@ -7,6 +7,7 @@
 
 #include "sonarspec/kv_store.h"
 #include "sonarspec/planner.h"
+#include "sonarspec/small_gemm.h"
 #ifdef SONARSPEC_WITH_CUDA
 #include "sonarspec/device.h"
 #endif
@@ -63,12 +64,20 @@ int64_t kv_store(uintptr_t k_src, uintptr_t v_src, uintptr_t k_pool, uintptr_t v
 #endif
 }
 
+void small_gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
+                int num_threads) {
+  py::gil_scoped_release release;
+  small_gemm_f32(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(w),
+                 reinterpret_cast<const float*>(bias), reinterpret_cast<float*>(y), m, n, k, num_threads);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "sonarspec native core: planner and kernels";
   m.def("build_info", &build_info, "How this extension was built: cuda, cuda_arch, version.");
   m.def("cuda_available", &cuda_available, "Whether a CUDA device is usable at run time.");
+  m.def("small_gemm", &small_gemm, "y = x @ w^T (+ bias), float32, few rows of x (raw pointers).");
   m.def("kv_store", &kv_store, "Scatter key/value rows into paged pools (raw pointers).");
 
   py::class_<PlannerConfig>(m, "PlannerConfig")

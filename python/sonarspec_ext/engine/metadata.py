@@ -56,5 +56,6 @@ def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: in
         mask = torch.from_numpy(m).unsqueeze(1).to(device)
     t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
     meta = PagedAttentionMetadata(slot_mapping=t(slot_mapping), query_index=t(query_index),
-                                  kv_slots=t(kv_slots), mask=mask, output_index=t(output_index))
+                                  kv_slots=t(kv_slots), mask=mask, output_index=t(output_index),
+                                  uniform_queries=bool((q_lens == q_max).all()))
     return meta, t(positions)

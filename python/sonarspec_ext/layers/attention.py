@@ -45,12 +45,15 @@ class PagedAttentionMetadata:
                     query may see every key (uniform single-token decode).
     output_index:   (num_tokens,) row of the flattened (batch_size * max_query_len) output
                     holding each packed token.
+    uniform_queries: every sequence has max_query_len queries, so the packed tokens are
+                    already a (batch_size, max_query_len) grid and no gather is needed.
     """
     slot_mapping: torch.Tensor
     query_index: torch.Tensor
     kv_slots: torch.Tensor
     mask: Optional[torch.Tensor]
     output_index: torch.Tensor
+    uniform_queries: bool = False
 
 
 class TorchPagedAttention(AttentionBackend):
@@ -66,11 +69,10 @@ class TorchPagedAttention(AttentionBackend):
         kv_store(k_pool, v_pool, k.to(k_pool.dtype).contiguous(), v.to(v_pool.dtype).contiguous(),
                  m.slot_mapping)
         B, Lq = m.query_index.shape
-        qb = q[m.query_index].transpose(1, 2)                       # (B, H, Lq, D)
+        qb = q.view(B, Lq, *q.shape[1:]) if m.uniform_queries else q[m.query_index]
+        qb = qb.transpose(1, 2)                                      # (B, H, Lq, D)
         kb = k_pool[m.kv_slots].transpose(1, 2).to(q.dtype)          # (B, Hkv, Lk, D)
         vb = v_pool[m.kv_slots].transpose(1, 2).to(q.dtype)
         out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=m.mask, enable_gqa=True)
         out = out.transpose(1, 2).reshape(B * Lq, -1)
-        if out.shape[0] == m.output_index.shape[0]:
-            return out
-        return out[m.output_index]
+        return out if m.uniform_queries else out[m.output_index]

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import AttentionBackend
+from ..layers.linear import Linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, apply_rope
 from .config import ModelConfig
@@ -23,10 +24,10 @@ class LlamaAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         h, b = cfg.hidden_size, cfg.attention_bias
-        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=b)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=b)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=b)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
+        self.q_proj = Linear(h, self.num_heads * self.head_dim, bias=b)
+        self.k_proj = Linear(h, self.num_kv_heads * self.head_dim, bias=b)
+        self.v_proj = Linear(h, self.num_kv_heads * self.head_dim, bias=b)
+        self.o_proj = Linear(self.num_heads * self.head_dim, h, bias=False)
 
     def forward(self, x, cos, sin, attn: AttentionBackend):
         n = x.shape[0]
@@ -40,9 +41,9 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -74,7 +75,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaBackbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings,

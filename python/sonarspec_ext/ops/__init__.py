@@ -1,4 +1,5 @@
 """One Python entry per native kernel: validates tensors, then dispatches by device."""
 from .kv_store import kv_store
+from .linear import padded_linear
 
-__all__ = ["kv_store"]
+__all__ = ["kv_store", "padded_linear"]

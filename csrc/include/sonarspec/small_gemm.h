@@ -1,0 +1,15 @@
+// y = x @ w^T (+ bias) for few rows of x: the decode / verification / draft case,
+// where a general GEMM library falls back to slow matrix-vector paths. Weights are
+// streamed once per call; x rows stay in L1. float32 only.
+#pragma once
+
+#include <cstdint>
+
+namespace sonarspec {
+
+// x: (m, k) row-major; w: (n, k) row-major (the nn.Linear layout); bias: (n,) or null;
+// y: (m, n) row-major. Work is split over `num_threads` threads along n.
+void small_gemm_f32(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
+                    int64_t k, int num_threads);
+
+}  // namespace sonarspec

@@ -1,0 +1,37 @@
+// A small persistent pool for splitting one kernel call over a few threads without
+// creating threads per call. Workers spin briefly for new work, then sleep.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace sonarspec {
+
+class ThreadPool {
+ public:
+  // Runs fn(task) for task in [0, num_tasks) on the calling thread and up to
+  // num_tasks - 1 workers; returns when all are done. Not reentrant.
+  void run(int num_tasks, const std::function<void(int)>& fn);
+  ~ThreadPool();
+  static ThreadPool& global();
+
+ private:
+  void worker(int index, uint64_t seen);
+  void ensure(int num_workers);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const std::function<void(int)>* fn_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> num_tasks_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace sonarspec

@@ -1,0 +1,114 @@
+// Register-blocked small-M GEMM for x86-64 with AVX2/FMA (scalar fallback elsewhere).
+// Each task takes 4 weight rows and up to 4 input rows: 16 accumulators of 8 floats
+// (the 16 ymm registers), one pass over k.
+#include "sonarspec/small_gemm.h"
+
+#include <algorithm>
+
+#include "sonarspec/thread_pool.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace sonarspec {
+namespace {
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+
+// Rows [m0, m0 + MR) of x against weight rows [n0, n0 + NR).
+template <int MR, int NR>
+__attribute__((target("avx2,fma"))) void block(const float* x, const float* w, float* y, int64_t m0,
+                                               int64_t n0, int64_t n, int64_t k) {
+  __m256 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  int64_t kk = 0;
+  for (; kk + 8 <= k; kk += 8) {
+    __m256 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w + (n0 + j) * k + kk);
+    for (int i = 0; i < MR; ++i) {
+      __m256 xv = _mm256_loadu_ps(x + (m0 + i) * k + kk);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) {
+      float s = hsum(acc[i][j]);
+      for (int64_t t = kk; t < k; ++t) s += x[(m0 + i) * k + t] * w[(n0 + j) * k + t];
+      y[(m0 + i) * n + n0 + j] = s;
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const float* w, float* y, int64_t m,
+                                                   int64_t n, int64_t k, int64_t n_begin, int64_t n_end) {
+  int64_t j = n_begin;
+  for (; j + 4 <= n_end; j += 4) {
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) block<4, 4>(x, w, y, i, j, n, k);
+    for (; i + 2 <= m; i += 2) block<2, 4>(x, w, y, i, j, n, k);
+    for (; i < m; ++i) block<1, 4>(x, w, y, i, j, n, k);
+  }
+  for (; j < n_end; ++j) {
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) block<4, 1>(x, w, y, i, j, n, k);
+    for (; i < m; ++i) block<1, 1>(x, w, y, i, j, n, k);
+  }
+}
+
+bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+#endif
+
+void rows_scalar(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, int64_t n_begin,
+                 int64_t n_end) {
+  for (int64_t j = n_begin; j < n_end; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      float s = 0.f;
+      for (int64_t t = 0; t < k; ++t) s += x[i * k + t] * w[j * k + t];
+      y[i * n + j] = s;
+    }
+}
+
+void rows(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
+          int64_t n_begin, int64_t n_end) {
+#if defined(__x86_64__)
+  static const bool avx2 = has_avx2();
+  if (avx2) {
+    rows_avx2(x, w, y, m, n, k, n_begin, n_end);
+  } else {
+    rows_scalar(x, w, y, m, n, k, n_begin, n_end);
+  }
+#else
+  rows_scalar(x, w, y, m, n, k, n_begin, n_end);
+#endif
+  if (bias)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = n_begin; j < n_end; ++j) y[i * n + j] += bias[j];
+}
+
+}  // namespace
+
+void small_gemm_f32(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
+                    int64_t k, int num_threads) {
+  // Threads split n in multiples of 4 rows; small problems stay on the calling thread.
+  int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads, (n * k) / (128 * 1024)));
+  if (threads == 1) {
+    rows(x, w, bias, y, m, n, k, 0, n);
+    return;
+  }
+  int64_t chunk = ((n + threads - 1) / threads + 3) / 4 * 4;
+  ThreadPool::global().run(static_cast<int>(threads), [&](int t) {
+    int64_t b = t * chunk, e = std::min(n, b + chunk);
+    if (b < e) rows(x, w, bias, y, m, n, k, b, e);
+  });
+}
+
+}  // namespace sonarspec

@@ -1,0 +1,37 @@
+"""The ``sonarspec`` console script."""
+import json
+import subprocess
+import sys
+
+from sonarspec_ext import LLM, SamplingParams
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "sonarspec_ext.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_generate_prints_the_greedy_continuation_and_speed(llama_dir):
+    r = run_cli("generate", "hello", "--model", llama_dir, "--max-tokens", "12", "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    ref = LLM(llama_dir).generate("hello", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    assert r.stdout.rstrip("\n") == "hello" + ref.text
+    assert "12 tokens in" in r.stderr and "tok/s" in r.stderr
+
+
+def test_generate_reports_bad_input_cleanly(llama_dir, tmp_path):
+    r = run_cli("generate", "hello", "--model", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "model directory not found" in r.stderr
+    r = run_cli("generate", "hello", "--model", llama_dir, "--top-p", "0")
+    assert r.returncode == 2 and "top_p" in r.stderr
+
+
+def test_bench_compares_with_transformers(llama_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    r = run_cli("bench", "--model", llama_dir, "--batch-sizes", "1", "2", "--max-tokens", "8", "--repeats", "1",
+                "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    info = json.loads(out.read_text())
+    assert [row["batch_size"] for row in info["results"]] == [1, 2]
+    assert info["results"][0]["greedy_agreement"] == "1/1"
+    assert all(row["sonarspec_tok_s"] > 0 and row["transformers_tok_s"] > 0 for row in info["results"])
