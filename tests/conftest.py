@@ -53,3 +53,20 @@ def qwen_dir(tmp_path_factory):
 def hf_load(path):
     import transformers
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def draft_dir(tmp_path_factory):
+    """A different, smaller random model with the same tokenizer as ``llama_dir``."""
+    d = str(tmp_path_factory.mktemp("draft"))
+    make_hf_model(d, "llama", seed=11, num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                  num_key_value_heads=1, intermediate_size=48)
+    return d
+
+
+@pytest.fixture(scope="session")
+def padded_draft_dir(tmp_path_factory):
+    """Same architecture as ``llama_dir``'s, embeddings padded to a larger vocabulary."""
+    d = str(tmp_path_factory.mktemp("padded_draft"))
+    make_hf_model(d, "llama", seed=12, num_hidden_layers=1, vocab_size=VOCAB + 20)
+    return d

@@ -93,6 +93,7 @@ PYBIND11_MODULE(_C, m) {
       .def("add_request", &Planner::add_request, py::arg("seq_id"), py::arg("num_tokens"))
       .def("append_tokens", &Planner::append_tokens, py::arg("seq_id"), py::arg("num_new"))
       .def("truncate", &Planner::truncate, py::arg("seq_id"), py::arg("length"))
+      .def("commit", &Planner::commit, py::arg("seq_id"), py::arg("num_computed"))
       .def("finish", &Planner::finish, py::arg("seq_id"))
       .def("schedule",
            [](Planner& self, int32_t lookahead) {

@@ -66,6 +66,16 @@ void Planner::truncate(int64_t seq_id, int32_t length) {
   seq.num_computed = std::min(seq.num_computed, length);
 }
 
+void Planner::commit(int64_t seq_id, int32_t num_computed) {
+  Seq& seq = get(seq_id);
+  int32_t slots = static_cast<int32_t>(seq.pages.size()) * config_.page_size;
+  if (num_computed < 0 || num_computed > seq.num_tokens || num_computed > slots)
+    throw std::invalid_argument("cannot commit " + std::to_string(num_computed) + " computed tokens for sequence " +
+                                id_str(seq_id) + " (" + std::to_string(seq.num_tokens) + " tokens, " +
+                                std::to_string(slots) + " reserved slots)");
+  seq.num_computed = num_computed;
+}
+
 void Planner::release(Seq& seq) {
   free_pages_.insert(free_pages_.end(), seq.pages.rbegin(), seq.pages.rend());
   seq.pages.clear();

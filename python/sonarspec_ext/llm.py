@@ -22,11 +22,8 @@ class LLM:
         self.spec = spec or SpecConfig()
         if not isinstance(self.spec, SpecConfig):
             raise ValueError(f"spec must be a SpecConfig, got {type(self.spec).__name__}")
-        if self.spec.method != "none":
-            raise ValueError(f"speculation method {self.spec.method!r} is not available in this build; "
-                             f"use SpecConfig(method='none')")
         self.engine = Engine(resolve(model, "target"), device=device, dtype=dtype,
-                             config=EngineConfig(**engine_kwargs))
+                             config=EngineConfig(**engine_kwargs), spec=self.spec)
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
@@ -89,9 +86,11 @@ class LLM:
         fs = self.engine.finished_stats
         steps = sum(s["num_steps"] for s in fs)
         accepted = sum(s["num_accepted_tokens"] for s in fs)
-        width = max((len(s["accepted_per_position"]) for s in fs), default=0)
-        per_pos = [sum(s["accepted_per_position"][k] * s["num_steps"] for s in fs
-                       if k < len(s["accepted_per_position"])) / max(steps, 1) for k in range(width)]
+        width = max((len(s["drafted_per_position"]) for s in fs), default=0)
+        drafted = [sum(s["drafted_per_position"][k] for s in fs if k < len(s["drafted_per_position"]))
+                   for k in range(width)]
+        per_pos = [sum(s["num_accepted_per_position"][k] for s in fs if k < len(s["drafted_per_position"]))
+                   / max(drafted[k], 1) for k in range(width)]
         return {
             "num_requests": len(fs),
             "num_steps": steps,

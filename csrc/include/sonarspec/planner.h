@@ -41,6 +41,9 @@ class Planner {
   void append_tokens(int64_t seq_id, int32_t num_new);
   // Rolls a sequence back to `length` tokens; KV slots past it are reused later.
   void truncate(int64_t seq_id, int32_t length);
+  // Marks the first num_computed tokens' KV as valid (after verifying draft tokens
+  // written into lookahead slots). Needs num_computed <= num_tokens and reserved slots.
+  void commit(int64_t seq_id, int32_t num_computed);
   // Releases a finished or aborted sequence and all its pages.
   void finish(int64_t seq_id);
 

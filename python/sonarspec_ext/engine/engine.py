@@ -16,12 +16,14 @@ from .. import _C
 from ..models.config import ModelConfig
 from ..models.loader import load_model, parse_dtype
 from ..models.tokenizer import Tokenizer
-from ..params import SamplingParams
+from ..params import SamplingParams, SpecConfig
 from .kv_cache import KVCache, num_pages_for_budget
 from .metadata import build_metadata
 from .runner import ModelRunner
 from .sampler import sample
 from .sequence import Sequence
+from ..spec.factory import make_proposer, resolve_draft
+from ..spec.verify import verify_chain
 
 TIMING_KEYS = ("plan", "draft", "verify", "sample", "wait")
 
@@ -34,6 +36,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: Optional[int] = None  # default: the model's max_position_embeddings
+    draft_sampling: bool = False         # draft_target: sample drafts from q instead of its top token
 
     def __post_init__(self):
         for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -43,8 +46,10 @@ class EngineConfig:
 
 
 class Engine:
-    def __init__(self, model_dir: str, device="cpu", dtype="float32", config: Optional[EngineConfig] = None):
+    def __init__(self, model_dir: str, device="cpu", dtype="float32", config: Optional[EngineConfig] = None,
+                 spec: Optional[SpecConfig] = None):
         self.config = config or EngineConfig()
+        self.spec = spec or SpecConfig()
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but torch sees no CUDA device")
@@ -57,10 +62,12 @@ class Engine:
             eos = [self.tokenizer.eos_token_id]
         self.eos_ids = eos
         c = self.config
-        self.max_model_len = min(c.max_model_len or self.model_config.max_position_embeddings,
-                                 self.model_config.max_position_embeddings)
-        num_pages = c.num_pages or num_pages_for_budget(c.kv_cache_memory, [self.model_config],
-                                                        c.page_size, self.dtype)
+        draft_dir = resolve_draft(self.spec, self.tokenizer, self.model_config)
+        draft_cfg = ModelConfig.from_dir(draft_dir) if draft_dir else None
+        limits = [self.model_config.max_position_embeddings] + ([draft_cfg.max_position_embeddings] if draft_cfg else [])
+        self.max_model_len = min([c.max_model_len or min(limits)] + limits)
+        num_pages = c.num_pages or num_pages_for_budget(
+            c.kv_cache_memory, [self.model_config] + ([draft_cfg] if draft_cfg else []), c.page_size, self.dtype)
         self.kv_cache = KVCache(self.model_config, num_pages, c.page_size, self.dtype, self.device)
         self.runner = ModelRunner(self.model, self.kv_cache)
         pc = _C.PlannerConfig()
@@ -68,6 +75,8 @@ class Engine:
         pc.max_num_seqs, pc.max_num_batched_tokens = c.max_num_seqs, c.max_num_batched_tokens
         pc.max_model_len = self.max_model_len
         self.planner = _C.Planner(pc)
+        self.proposer = make_proposer(self.spec, draft_dir, self.planner, num_pages, c.page_size,
+                                      self.model_config.vocab_size, self.dtype, self.device, c.draft_sampling)
         self.seqs: Dict[int, Sequence] = {}
         self._ids = itertools.count()
         self.timing = dict.fromkeys(TIMING_KEYS, 0.0)
@@ -111,41 +120,75 @@ class Engine:
         return self.seqs.pop(seq_id)
 
     # ---- one step -------------------------------------------------------------------
+    def _num_drafts(self, seq: Sequence) -> int:
+        """Draft length for a decoding sequence: never past the context or max_tokens."""
+        room = min(self.max_model_len - seq.num_tokens - 1, seq.params.max_tokens - len(seq.output_ids) - 1)
+        return max(0, min(self.proposer.max_draft_tokens, room))
+
     def step(self) -> List[Sequence]:
-        """Runs one engine step; returns the sequences that received tokens or finished."""
+        """Runs one engine step (plan -> draft -> verify -> sample -> post-process); returns
+        the sequences that received tokens."""
         t0 = time.perf_counter()
-        scheduled, preempted = self.planner.schedule(0)
+        scheduled, preempted = self.planner.schedule(self.proposer.lookahead)
         for sid in preempted:
             self.seqs[sid].num_preemptions += 1
+            self.proposer.reset(self.seqs[sid])
         if not scheduled:
             return []
+        batch = [(self.seqs[sid], start, n) for sid, start, n in scheduled]
+        decode = [seq for seq, start, n in batch
+                  if n == 1 and start == seq.num_tokens - 1 and self.proposer.ready(seq)]
+        ks = [self._num_drafts(seq) for seq in decode]
+        t1 = time.perf_counter()
+        drafts = dict(zip((s.seq_id for s in decode), self.proposer.propose(decode, ks)))
+        t2 = time.perf_counter()
+        # Target pass: prefill chunks, and for decoding sequences last token + drafts.
         input_ids: List[int] = []
-        rows, logits_idx, to_sample = [], [], []
-        for sid, start, n in scheduled:
-            seq = self.seqs[sid]
-            input_ids.extend(seq.all_ids[start:start + n])
-            rows.append((start, n, self.planner.page_table(sid)))
-            if start + n == seq.num_tokens:
-                logits_idx.append(len(input_ids) - 1)
-                to_sample.append(seq)
+        rows, logits_idx, blocks = [], [], []
+        for seq, start, n in batch:
+            toks = seq.all_ids[start:start + n]
+            draft = drafts.get(seq.seq_id)
+            if draft is not None:
+                toks = toks + draft.token_ids
+            input_ids.extend(toks)
+            rows.append((start, len(toks), self.planner.page_table(seq.seq_id)))
+            if start + n == seq.num_tokens:   # the step ends at the sequence's frontier
+                first = len(input_ids) - (len(toks) - n) - 1
+                blocks.append((seq, start, len(logits_idx), len(toks) - n + 1, draft))
+                logits_idx.extend(range(first, len(input_ids)))
         meta, positions = build_metadata(rows, self.config.page_size, self.device,
                                          self.model_config.sliding_window)
-        ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        idx_t = torch.tensor(logits_idx, dtype=torch.long, device=self.device)
-        t1 = time.perf_counter()
-        logits = self.runner.forward(ids_t, positions, meta, idx_t)
-        t2 = time.perf_counter()
-        tokens = sample(logits, [s.params for s in to_sample], [s.generator for s in to_sample])
+        logits = self.runner.forward(torch.tensor(input_ids, dtype=torch.long, device=self.device), positions,
+                                     meta, torch.tensor(logits_idx, dtype=torch.long, device=self.device))
         t3 = time.perf_counter()
-        for seq, tok in zip(to_sample, tokens):
-            seq.num_steps += 1
-            self._append(seq, [tok])
+        results = []
+        for seq, start, offset, num_rows, draft in blocks:
+            block = logits[offset:offset + num_rows]
+            if draft is None:
+                tokens, accepted = sample(block, [seq.params], [seq.generator]), 0
+            else:
+                tokens, accepted = verify_chain(block, draft, seq.params, seq.generator)
+            results.append((seq, tokens, accepted, draft))
         t4 = time.perf_counter()
-        self.timing["plan"] += (t1 - t0) + (t4 - t3)
-        self.timing["verify"] += t2 - t1
-        self.timing["sample"] += t3 - t2
+        emitted = []
+        for seq, tokens, accepted, draft in results:
+            n_before = seq.num_tokens
+            if draft is not None:
+                seq.record_verification(len(draft.token_ids), accepted)
+            self._append(seq, tokens)
+            if not seq.finished:
+                if draft is not None:  # KV is valid through the accepted drafts
+                    self.planner.commit(seq.seq_id, n_before + accepted)
+                emitted.append((seq, n_before, max(0, len(draft.token_ids) - 1) if draft else 0, accepted))
+        t5 = time.perf_counter()
+        self.proposer.after_step(emitted)
+        t6 = time.perf_counter()
+        self.timing["plan"] += (t1 - t0) + (t5 - t4)
+        self.timing["draft"] += (t2 - t1) + (t6 - t5)
+        self.timing["verify"] += t3 - t2
+        self.timing["sample"] += t4 - t3
         self.num_steps += 1
-        return to_sample
+        return [r[0] for r in results]
 
     # ---- post-processing ------------------------------------------------------------
     def _append(self, seq: Sequence, tokens: List[int]) -> None:
@@ -175,6 +218,7 @@ class Engine:
         seq.finish_reason = reason
         if self.planner.has(seq.seq_id):
             self.planner.finish(seq.seq_id)
+        self.proposer.reset(seq)
         self.finished_stats.append(seq.stats())
 
     def text_so_far(self, seq: Sequence) -> str:

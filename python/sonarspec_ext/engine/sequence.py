@@ -30,10 +30,11 @@ class Sequence:
         self.error: Optional[str] = None
         self.arrival = time.perf_counter()
         self.first_token_time: Optional[float] = None
-        self.num_steps = 0            # decode (verification) steps that emitted tokens
+        self.num_steps = 0            # verification (decode) steps
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
-        self.accepted_per_position: List[int] = []
+        self.drafted_per_position: List[int] = []   # steps that proposed a token at position k
+        self.accepted_per_position: List[int] = []  # steps that accepted it
         self.num_preemptions = 0
 
     @property
@@ -48,14 +49,28 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def record_verification(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_steps += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        grow = num_drafts - len(self.drafted_per_position)
+        if grow > 0:
+            self.drafted_per_position += [0] * grow
+            self.accepted_per_position += [0] * grow
+        for k in range(num_drafts):
+            self.drafted_per_position[k] += 1
+            self.accepted_per_position[k] += int(k < num_accepted)
+
     def stats(self) -> dict:
-        steps = max(self.num_steps, 1)
         return {
             "num_steps": self.num_steps,
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
-            "acceptance_length": (self.num_accepted_tokens + self.num_steps) / steps if self.num_steps else 0.0,
-            "accepted_per_position": [a / steps for a in self.accepted_per_position],
+            "acceptance_length": ((self.num_accepted_tokens + self.num_steps) / self.num_steps
+                                  if self.num_steps else 0.0),
+            "accepted_per_position": [a / d for a, d in zip(self.accepted_per_position, self.drafted_per_position)],
+            "drafted_per_position": list(self.drafted_per_position),
+            "num_accepted_per_position": list(self.accepted_per_position),
             "num_prompt_tokens": len(self.prompt_ids),
             "num_output_tokens": len(self.output_ids),
             "num_preemptions": self.num_preemptions,

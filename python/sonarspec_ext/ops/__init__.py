@@ -1,5 +1,6 @@
 """One Python entry per native kernel: validates tensors, then dispatches by device."""
 from .kv_store import kv_store
 from .linear import padded_linear
+from .speculative import chain_speculative_sampling, greedy_verify
 
-__all__ = ["kv_store", "padded_linear"]
+__all__ = ["kv_store", "padded_linear", "chain_speculative_sampling", "greedy_verify"]

@@ -8,3 +8,40 @@ def kv_store_reference(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tens
     valid = (slot_mapping >= 0) & (slot_mapping < k_pool.shape[0])
     k_pool[slot_mapping[valid]] = k[valid].to(k_pool.dtype)
     v_pool[slot_mapping[valid]] = v[valid].to(v_pool.dtype)
+
+
+def _sample_row(probs: torch.Tensor, generator) -> int:
+    """One draw from an (unnormalised, non-negative) row via the exponential race."""
+    e = torch.empty_like(probs, dtype=torch.float64).exponential_(generator=generator)
+    return int((probs.double() / e).argmax())
+
+
+def chain_speculative_sampling_reference(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor,
+                                         target_probs: torch.Tensor, generator=None):
+    """Chain rejection sampling, FlashInfer semantics (see ops.chain_speculative_sampling)."""
+    B, K, _ = draft_probs.shape
+    out = torch.full((B, K + 1), -1, dtype=torch.int32)
+    accepted = torch.zeros(B, dtype=torch.int32)
+    emitted = torch.zeros(B, dtype=torch.int32)
+    for b in range(B):
+        u = torch.rand(K, dtype=torch.float64, generator=generator)
+        stop = None
+        for j in range(K):
+            tok = int(draft_token_ids[b, j])
+            ok = bool(u[j] * float(draft_probs[b, j, tok]) < float(target_probs[b, j, tok]))
+            accepted[b] += int(ok)
+            if stop is None:
+                if ok:
+                    out[b, j] = tok
+                else:
+                    stop = j
+        if stop is None:
+            emitted[b] = K
+            out[b, K] = _sample_row(target_probs[b, K], generator)
+        else:
+            emitted[b] = stop
+            residual = (target_probs[b, stop].double() - draft_probs[b, stop].double()).clamp_min(0)
+            if float(residual.sum()) <= 0:  # p == q up to rounding: the residual is undefined
+                residual = target_probs[b, stop].double()
+            out[b, stop] = _sample_row(residual, generator)
+    return out, accepted, emitted

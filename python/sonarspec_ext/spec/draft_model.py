@@ -1,0 +1,98 @@
+"""Draft-target speculation: a small LLM drafts inside the engine, sharing the page table.
+
+Per sequence the draft keeps its KV for every known token and carries the logits that
+predict the next one. A step samples draft token 1 from the carried logits, runs the
+draft k-1 more times, and after verification re-runs the draft over the newly emitted
+token(s) (its refill), whose logits are carried into the next step.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+from ..engine.kv_cache import KVCache
+from ..engine.metadata import build_metadata
+from ..engine.runner import ModelRunner
+from ..engine.sampler import processed_probs, sample_from_probs
+from ..models.loader import load_model
+from .proposer import Draft, Proposer
+
+
+class DraftModelProposer(Proposer):
+    def __init__(self, draft_dir: str, num_draft_tokens: int, planner, num_pages: int, page_size: int,
+                 target_vocab_size: int, dtype, device, sample_drafts: bool = False):
+        self.model = load_model(draft_dir, dtype, device)
+        self.kv_cache = KVCache(self.model.config, num_pages, page_size, dtype, device)
+        self.runner = ModelRunner(self.model, self.kv_cache)
+        self.planner, self.page_size, self.device = planner, page_size, device
+        self.vocab_size = target_vocab_size
+        self.max_draft_tokens = num_draft_tokens
+        self.lookahead = num_draft_tokens + 1   # the refill may write one slot past the chain
+        self.sample_drafts = sample_drafts       # False: take the top token (point-mass drafts)
+        self.state: Dict[int, Tuple[int, torch.Tensor]] = {}  # seq_id -> (num_computed, logits)
+
+    def ready(self, seq) -> bool:
+        st = self.state.get(seq.seq_id)
+        return st is not None and st[0] == seq.num_tokens
+
+    def reset(self, seq) -> None:
+        self.state.pop(seq.seq_id, None)
+
+    def _run(self, rows: List[Tuple[object, int, List[int]]]) -> torch.Tensor:
+        """One draft forward over (seq, start, token_ids) rows; logits at each row's last token,
+        cut or padded to the target's vocabulary."""
+        ids, meta_rows, last = [], [], []
+        for seq, start, toks in rows:
+            ids.extend(toks)
+            meta_rows.append((start, len(toks), self.planner.page_table(seq.seq_id)))
+            last.append(len(ids) - 1)
+        meta, positions = build_metadata(meta_rows, self.page_size, self.device, self.model.config.sliding_window)
+        logits = self.runner.forward(torch.tensor(ids, device=self.device), positions, meta,
+                                     torch.tensor(last, device=self.device))
+        V = self.vocab_size
+        if logits.shape[-1] >= V:
+            return logits[:, :V]
+        pad = torch.full((logits.shape[0], V - logits.shape[-1]), float("-inf"), device=logits.device)
+        return torch.cat([logits, pad], dim=-1)
+
+    def _draw(self, seq, logits: torch.Tensor):
+        """Draft token from (vocab_size,) logits under the request's sampling params."""
+        if seq.params.greedy or not self.sample_drafts:
+            return int(logits.argmax()), None
+        q = processed_probs(logits.unsqueeze(0), seq.params)
+        return int(sample_from_probs(q, seq.generator)[0]), q[0]
+
+    def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
+        drafts = [Draft([], [] if self.sample_drafts else None) for _ in seqs]
+        logits = {i: self.state[s.seq_id][1] for i, s in enumerate(seqs)}
+        for j in range(max(ks, default=0)):
+            for i, s in enumerate(seqs):
+                if ks[i] > j:
+                    tok, q = self._draw(s, logits[i])
+                    drafts[i].token_ids.append(tok)
+                    if drafts[i].probs is not None:
+                        drafts[i].probs.append(q if q is not None else
+                                               torch.nn.functional.one_hot(torch.tensor(tok), self.vocab_size).float())
+            step = [i for i in range(len(seqs)) if ks[i] > j + 1]
+            if step:
+                out = self._run([(seqs[i], seqs[i].num_tokens + j, [drafts[i].token_ids[j]]) for i in step])
+                for r, i in enumerate(step):
+                    logits[i] = out[r]
+        for d in drafts:
+            if d.probs is not None:
+                d.probs = torch.stack(d.probs) if d.probs else None
+        return drafts
+
+    def after_step(self, emitted: Sequence) -> None:
+        rows = []
+        for seq, n_before, num_written, num_accepted in emitted:
+            st = self.state.get(seq.seq_id)
+            # Draft KV is valid for the known tokens plus the drafts that were accepted.
+            valid = 0 if st is None else n_before + min(num_accepted, num_written)
+            rows.append((seq, valid, seq.all_ids[valid:]))
+        if not rows:
+            return
+        out = self._run(rows)
+        for r, (seq, _, _) in enumerate(rows):
+            self.state[seq.seq_id] = (seq.num_tokens, out[r])

@@ -1,0 +1,72 @@
+"""ops.chain_speculative_sampling: exact one-hot cases and the distribution it emits."""
+import pytest
+import torch
+
+from sonarspec_ext import ops
+from stats import assert_matches
+
+
+def onehot(ids, V):
+    return torch.nn.functional.one_hot(torch.tensor(ids), V).float()
+
+
+def test_one_hot_cases():
+    V = 5
+    # draft agrees with a one-hot target everywhere: all accepted, bonus from the last row
+    q = onehot([[1, 2]], V)
+    p = onehot([[1, 2, 4]], V)
+    out, acc, em = ops.chain_speculative_sampling(q, torch.tensor([[1, 2]]), p)
+    assert out.tolist() == [[1, 2, 4]] and acc.tolist() == [2] and em.tolist() == [2]
+    # first draft rejected (target puts no mass on it): residual is the target's token
+    p = onehot([[3, 2, 4]], V)
+    out, acc, em = ops.chain_speculative_sampling(q, torch.tensor([[1, 2]]), p)
+    assert out.tolist() == [[3, -1, -1]] and em.tolist() == [0] and acc.tolist() == [1]
+    # second rejected
+    p = onehot([[1, 0, 4]], V)
+    out, acc, em = ops.chain_speculative_sampling(q, torch.tensor([[1, 2]]), p)
+    assert out.tolist() == [[1, 0, -1]] and em.tolist() == [1]
+
+
+def test_greedy_verify():
+    assert ops.greedy_verify(torch.tensor([4, 5, 6]), torch.tensor([4, 5, 7, 9])) == ([4, 5, 7], 2)
+    assert ops.greedy_verify(torch.tensor([4, 5]), torch.tensor([4, 5, 8])) == ([4, 5, 8], 2)
+    assert ops.greedy_verify(torch.tensor([], dtype=torch.long), torch.tensor([3])) == ([3], 0)
+
+
+def test_rejects_bad_shapes():
+    q = torch.rand(2, 3, 7)
+    with pytest.raises(ValueError, match="target_probs has shape"):
+        ops.chain_speculative_sampling(q, torch.zeros(2, 3, dtype=torch.long), torch.rand(2, 3, 7))
+    with pytest.raises(ValueError, match="draft_token_ids has shape"):
+        ops.chain_speculative_sampling(q, torch.zeros(2, 2, dtype=torch.long), torch.rand(2, 4, 7))
+    with pytest.raises(ValueError, match="draft_token_ids must lie"):
+        ops.chain_speculative_sampling(q, torch.full((2, 3), 7), torch.rand(2, 4, 7))
+    with pytest.raises(ValueError, match="draft_probs has dtype"):
+        ops.chain_speculative_sampling(q.half(), torch.zeros(2, 3, dtype=torch.long), torch.rand(2, 4, 7))
+
+
+@pytest.mark.parametrize("point_mass_draft", [False, True])
+def test_emitted_tokens_follow_the_target(point_mass_draft):
+    """Rows share one p and q per position; drafts are drawn from q (or are q's argmax).
+    Checks: first emitted token ~ p_0; second (when the first was accepted) ~ p_1;
+    emitted-length law P(L=0)=1-b1, P(L=1)=b1(1-b2), P(L=2)=b1*b2 (b_j = sum min(p_j, q_j))."""
+    V, K, N = 6, 2, 12000
+    g = torch.Generator().manual_seed(7)
+    p = torch.rand(K + 1, V, generator=g).pow(2)
+    p /= p.sum(-1, keepdim=True)
+    q = torch.rand(K, V, generator=g)
+    q /= q.sum(-1, keepdim=True)
+    if point_mass_draft:
+        ids = q.argmax(-1).expand(N, K).contiguous()
+        q = torch.nn.functional.one_hot(q.argmax(-1), V).float()
+    else:
+        ids = torch.stack([torch.multinomial(q[j], N, replacement=True, generator=g) for j in range(K)], 1)
+    out, acc, em = ops.chain_speculative_sampling(q.expand(N, K, V).contiguous(), ids,
+                                                  p.expand(N, K + 1, V).contiguous(), generator=g)
+    assert_matches(torch.bincount(out[:, 0].long(), minlength=V), p[0], "first token", min_df=4)
+    second = out[em >= 1, 1].long()
+    assert_matches(torch.bincount(second, minlength=V), p[1], "second token", min_df=4)
+    b = torch.minimum(p[:K], q).sum(-1).double()
+    law = torch.stack([1 - b[0], b[0] * (1 - b[1]), b[0] * b[1]])
+    assert_matches(torch.bincount(em.long(), minlength=3), law, "emitted length", min_df=2)
+    assert ((out >= 0).sum(1) == em + 1).all()
