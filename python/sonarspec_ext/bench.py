@@ -38,7 +38,8 @@ def make_synthetic_model(path: str, seed: int = 0) -> str:
     return path
 
 
-def _median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int) -> float:
+    """Median wall time (s) of ``repeats`` calls of ``fn``."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -79,10 +80,10 @@ def bench_decode(model_dir: Optional[str] = None, batch_sizes: List[int] = (1, 8
             if bs == 1 and agree != 1:
                 raise RuntimeError("sonarspec and transformers disagree on greedy tokens; not timing")
             row["greedy_agreement"] = f"{agree}/{bs}"
-        t_ours = _median_time(ours, repeats)
+        t_ours = median_time(ours, repeats)
         row["sonarspec_tok_s"] = round(bs * max_tokens / t_ours, 1)
         if hf is not None:
-            t_hf = _median_time(theirs, repeats)
+            t_hf = median_time(theirs, repeats)
             row["transformers_tok_s"] = round(bs * max_tokens / t_hf, 1)
             row["speedup"] = round(t_hf / t_ours, 3)
         rows.append(row)

@@ -1,0 +1,123 @@
+"""Speculative decoding benchmark on the packaged models (or any target/draft pair).
+
+One process, one run, same prompts: plain decoding, draft_target at several K, ngram,
+and transformers generate / assisted generation (``assistant_model`` = the same draft).
+Greedy throughout; every scheme's output is checked equal to plain decoding first.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from .assets import resolve
+from .bench import median_time
+from .llm import LLM
+from .params import SamplingParams, SpecConfig
+
+PROMPTS = [
+    "def parse_args(argv):\n",
+    "class LRUCache:\n    def __init__(self, capacity):\n",
+    "import os\nimport sys\n\n\ndef main():\n",
+    "    def __repr__(self):\n",
+    'def read_config(path):\n    """Read a configuration file and return a dict."""\n',
+    "try:\n    import json\nexcept ImportError:\n",
+    "def _check_arg(name, value):\n    if not isinstance(value, int):\n",
+    "    for key, value in sorted(self.items()):\n",
+]
+
+
+def _run_llm(llm: LLM, prompts: List[str], params: SamplingParams, batch_size: int):
+    out = []
+    for i in range(0, len(prompts), batch_size):
+        out += llm.generate(prompts[i:i + batch_size], params)
+    return out
+
+
+def bench_spec(target: str = "default", draft: str = "default", ks=(2, 4, 6), batch_sizes=(1, 8),
+               max_tokens: int = 96, repeats: int = 3, with_transformers: bool = True,
+               threads: Optional[int] = None) -> dict:
+    if threads:
+        torch.set_num_threads(threads)
+    target_dir, draft_dir = resolve(target, "target"), resolve(draft, "draft")
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    schemes = [("plain", SpecConfig())] + [
+        (f"draft_target K={k}", SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=k)) for k in ks
+    ] + [("ngram K=4", SpecConfig(method="ngram", num_draft_tokens=4))]
+    llms = {name: LLM(target_dir, spec=spec) for name, spec in schemes}
+    rows = []
+    for bs in batch_sizes:
+        ref = [o.token_ids for o in _run_llm(llms["plain"], PROMPTS, params, bs)]
+        base = None
+        for name, _ in schemes:
+            llm = llms[name]
+            got = [o.token_ids for o in _run_llm(llm, PROMPTS, params, bs)]
+            if got != ref:
+                raise RuntimeError(f"{name} output differs from plain greedy decoding; not timing")
+            llm.engine.finished_stats.clear()
+            t = median_time(lambda: _run_llm(llm, PROMPTS, params, bs), repeats)
+            s = llm.stats()
+            tok_s = len(PROMPTS) * max_tokens / t
+            base = base or tok_s
+            rows.append({"batch_size": bs, "scheme": name, "tok_s": round(tok_s, 1),
+                         "speedup": round(tok_s / base, 3), "tau": round(s["acceptance_length"], 3),
+                         "accepted_per_position": [round(a, 3) for a in s["accepted_per_position"]]})
+        if with_transformers and bs == 1:
+            rows += _bench_transformers(target_dir, draft_dir, ref, max_tokens, repeats, base)
+    return {"target": target_dir, "draft": draft_dir, "max_tokens": max_tokens, "num_prompts": len(PROMPTS),
+            "repeats": repeats, "threads": torch.get_num_threads(), "torch": torch.__version__, "results": rows}
+
+
+def _bench_transformers(target_dir, draft_dir, ref, max_tokens, repeats, base) -> list:
+    """transformers generate and assisted generation at batch 1 (assisted supports only 1)."""
+    import transformers
+    tok = transformers.AutoTokenizer.from_pretrained(target_dir)
+    tgt = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    dft = transformers.AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+    encoded = [torch.tensor([tok(p)["input_ids"]]) for p in PROMPTS]
+    rows = []
+    for name, extra in (("transformers", {}), ("transformers assisted", {"assistant_model": dft})):
+        def run():
+            outs = []
+            with torch.no_grad():
+                for ids in encoded:
+                    o = tgt.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                                     min_new_tokens=max_tokens, do_sample=False, pad_token_id=0, **extra)
+                    outs.append(o[0, ids.shape[1]:].tolist())
+            return outs
+        agree = sum(a == b for a, b in zip(run(), ref))
+        t = median_time(run, repeats)
+        tok_s = len(PROMPTS) * max_tokens / t
+        rows.append({"batch_size": 1, "scheme": name, "tok_s": round(tok_s, 1), "speedup": round(tok_s / base, 3),
+                     "greedy_agreement": f"{agree}/{len(PROMPTS)}"})
+    return rows
+
+
+def print_spec_table(info: dict) -> None:
+    print(f"target {info['target']}\ndraft  {info['draft']}\n{info['num_prompts']} prompts x {info['max_tokens']} "
+          f"tokens, greedy, median of {info['repeats']}, {info['threads']} threads")
+    print(f"{'batch':>5}  {'scheme':<22} {'tok/s':>8} {'vs plain':>8} {'tau':>6}  per-position acceptance")
+    for r in info["results"]:
+        tau = f"{r['tau']:.2f}" if "tau" in r else "-"
+        acc = " ".join(f"{a:.2f}" for a in r.get("accepted_per_position", [])) or r.get("greedy_agreement", "")
+        print(f"{r['batch_size']:>5}  {r['scheme']:<22} {r['tok_s']:>8.1f} {r['speedup']:>7.2f}x {tau:>6}  {acc}")
+
+
+def plot_spec(info: dict, path: str) -> bool:
+    """Bar chart of tokens/s per scheme and batch size; False when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    batches = sorted({r["batch_size"] for r in info["results"]})
+    fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 4), squeeze=False)
+    for ax, bs in zip(axes[0], batches):
+        rows = [r for r in info["results"] if r["batch_size"] == bs]
+        ax.barh([r["scheme"] for r in rows], [r["tok_s"] for r in rows], color="tab:blue")
+        ax.set_title(f"batch {bs}: tokens/s (greedy)")
+        ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
