@@ -20,6 +20,9 @@ def make_hf_model(path: str, arch: str = "llama", seed: int = 0, **overrides):
     elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**common)
         model = transformers.Qwen2ForCausalLM(cfg)
+    elif arch == "mistral":
+        cfg = transformers.MistralConfig(**common)
+        model = transformers.MistralForCausalLM(cfg)
     else:
         raise ValueError(arch)
     # Random init gives near-uniform logits; scale weights up so argmax is well separated.
@@ -53,6 +56,13 @@ def qwen_dir(tmp_path_factory):
 def hf_load(path):
     import transformers
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def mistral_dir(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("mistral"))
+    make_hf_model(d, "mistral", seed=2, sliding_window=8, tie_word_embeddings=False)
+    return d
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ def paged_logits(model, prompts, continuations, page_size, num_pages=256):
             ids.extend(seqs[sid][start:start + n])
             rows.append((start, n, planner.page_table(sid)))
             all_idx.append((sid, list(range(len(ids) - n, len(ids)))))
-        meta, pos = build_metadata(rows, page_size, "cpu")
+        meta, pos = build_metadata(rows, page_size, "cpu", cfg.sliding_window)
         idx = torch.tensor([i for _, r in all_idx for i in r])
         logits = runner.forward(torch.tensor(ids), pos, meta, idx)
         k = 0
@@ -46,7 +46,7 @@ def paged_logits(model, prompts, continuations, page_size, num_pages=256):
     return [torch.cat(o) for o in out]
 
 
-@pytest.mark.parametrize("fixture", ["llama_dir", "qwen_dir"])
+@pytest.mark.parametrize("fixture", ["llama_dir", "qwen_dir", "mistral_dir"])
 @pytest.mark.parametrize("page_size", [1, 3, 16])
 def test_prefill_and_decode_logits_match_transformers(fixture, page_size, request):
     path = request.getfixturevalue(fixture)
@@ -73,3 +73,31 @@ def test_prompt_longer_than_rope_original_context(llama_dir):
     with torch.no_grad():
         ref = hf(torch.tensor([p + [1, 2, 3]])).logits[0]
     torch.testing.assert_close(o, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_custom_query_mask_and_positions_verify_a_tree(llama_dir):
+    """Query block [a, b, c] after a prefix, b and c both children of a (positions 5, 6, 6):
+    logits at b and c equal transformers on prefix+a+b and prefix+a+c."""
+    import numpy as np
+    model = load_model(llama_dir)
+    hf = hf_load(llama_dir)
+    prefix, a, b, c = [3, 14, 15, 92, 65], 35, 89, 79
+    cache = KVCache(model.config, 8, 4, torch.float32, "cpu")
+    runner = ModelRunner(model, cache)
+    table = [0, 1, 2]
+    meta, pos = build_metadata([(0, 5, table)], 4, "cpu")
+    runner.forward(torch.tensor(prefix), pos, meta, torch.tensor([4]))
+    mask = np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=bool)
+    meta, pos = build_metadata([(5, 3, table)], 4, "cpu", query_masks=[mask],
+                               query_positions=[np.array([5, 6, 6])])
+    logits, hidden = runner.forward(torch.tensor([a, b, c]), pos, meta, torch.tensor([0, 1, 2]),
+                                    hidden_indices=torch.tensor([1, 2]))
+    with torch.no_grad():
+        out_b = hf(torch.tensor([prefix + [a, b]]), output_hidden_states=True)
+        out_c = hf(torch.tensor([prefix + [a, c]]), output_hidden_states=True)
+    torch.testing.assert_close(logits[0], out_b.logits[0, -2], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits[1], out_b.logits[0, -1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits[2], out_c.logits[0, -1], atol=1e-4, rtol=1e-4)
+    # last-layer (final-norm) hidden states, as transformers' last hidden_states entry
+    torch.testing.assert_close(hidden[0], out_b.hidden_states[-1][0, -1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(hidden[1], out_c.hidden_states[-1][0, -1], atol=1e-4, rtol=1e-4)

@@ -11,12 +11,15 @@ from ..layers.attention import PagedAttentionMetadata
 
 def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: int, device,
                    sliding_window: Optional[int] = None,
-                   query_masks: Optional[List[Optional[np.ndarray]]] = None):
+                   query_masks: Optional[List[Optional[np.ndarray]]] = None,
+                   query_positions: Optional[List[Optional[np.ndarray]]] = None):
     """``seqs``: (start, num_query_tokens, page_table) per sequence, in packed order.
 
     Returns (metadata, positions) where positions is (num_tokens,) int64. ``query_masks``
     optionally gives, per sequence, a (num_query, num_query) bool mask over its own query
-    block (True = may attend), replacing the causal rule inside that block.
+    block (True = may attend), replacing the causal rule inside that block, and
+    ``query_positions`` the RoPE positions of its query tokens (tree nodes share depths);
+    by default queries sit at positions start .. start + num_query - 1.
     """
     B = len(seqs)
     q_lens = np.fromiter((s[1] for s in seqs), dtype=np.int64, count=B)
@@ -34,7 +37,8 @@ def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: in
         pages = np.asarray(table, dtype=np.int64)
         slots = pages[pos // page_size] * page_size + pos % page_size
         kv_slots[b, :kv_len] = slots
-        positions[offset:offset + n] = pos[start:]
+        own = None if query_positions is None else query_positions[b]
+        positions[offset:offset + n] = pos[start:] if own is None else own
         slot_mapping[offset:offset + n] = slots[start:]
         query_index[b, :n] = np.arange(offset, offset + n)
         output_index[offset:offset + n] = b * q_max + np.arange(n)

@@ -10,7 +10,7 @@ from .. import _C
 
 # Largest row count sent to the native small-M kernel on CPU; beyond it the BLAS GEMM
 # (MKL/oneDNN) is as fast or faster (measured by tools/bench_small_gemm.py).
-SMALL_M_MAX_ROWS = 4
+SMALL_M_MAX_ROWS = 8
 
 
 def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
