@@ -1,0 +1,55 @@
+"""The packaged default models: present, loadable by transformers, equal to sonarspec."""
+import json
+import os
+
+import torch
+
+from sonarspec_ext import LLM, SamplingParams, SpecConfig, assets
+from sonarspec_ext.models.tokenizer import Tokenizer
+
+PROMPT = "def parse_args(argv):\n"
+
+
+def test_assets_resolve_and_fit_the_size_budget():
+    total = 0
+    for name in ("target", "draft"):
+        d = assets.path(name)
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                  "generation_config.json", "training.json"):
+            assert os.path.isfile(os.path.join(d, f)), f"{name}/{f}"
+        total += sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+        info = json.load(open(os.path.join(d, "training.json")))
+        assert info["tokens_seen"] > 0 and info["val_loss"] < 4.5  # uniform guessing: ln(8192) = 9.0
+    assert total <= 60 * 2 ** 20
+    assert Tokenizer(assets.path("target")).fingerprint() == Tokenizer(assets.path("draft")).fingerprint()
+
+
+def test_packaged_target_matches_transformers():
+    import transformers
+    d = assets.path("target")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(d)
+    llm = LLM("default")
+    ids = tok(PROMPT)["input_ids"]
+    assert ids == llm.tokenizer.encode(PROMPT)
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=32, do_sample=False, pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
+        ref_logits = hf(torch.tensor([ids + ref])).logits[0]
+    out = llm.generate(PROMPT, SamplingParams(max_tokens=32, temperature=0.0))[0]
+    assert out.token_ids == ref[:len(out.token_ids)]
+    assert out.text == tok.decode(out.token_ids, skip_special_tokens=True)
+    from sonarspec_ext.layers.attention import DenseCausalAttention
+    x = torch.tensor(ids + ref)
+    with torch.no_grad():
+        ours = llm.engine.model.compute_logits(llm.engine.model(x, torch.arange(len(x)), DenseCausalAttention(1, len(x))))
+    torch.testing.assert_close(ours, ref_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_default_draft_target_is_lossless_and_accepts_drafts():
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    plain = LLM("default").generate(PROMPT, params)[0]
+    llm = LLM("default", spec=SpecConfig(method="draft_target", draft="default", num_draft_tokens=4))
+    out = llm.generate(PROMPT, params)[0]
+    assert out.token_ids == plain.token_ids
+    assert llm.stats()["acceptance_length"] > 1.5  # trained draft and target agree often
