@@ -14,23 +14,27 @@ namespace sonarspec {
 
 class ThreadPool {
  public:
-  // Runs fn(task) for task in [0, num_tasks) on the calling thread and up to
-  // num_tasks - 1 workers; returns when all are done. Not reentrant.
-  void run(int num_tasks, const std::function<void(int)>& fn);
+  // Runs fn(task) for every task in [0, num_tasks) on the calling thread and up to
+  // num_threads - 1 workers, which claim tasks one by one; returns when all are done.
+  // Not reentrant.
+  void run(int num_tasks, int num_threads, const std::function<void(int)>& fn);
   ~ThreadPool();
   static ThreadPool& global();
 
  private:
-  void worker(int index, uint64_t seen);
+  void worker(uint64_t seen);
   void ensure(int num_workers);
+  void drain();
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
   const std::function<void(int)>* fn_ = nullptr;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> num_tasks_{0};
-  std::atomic<int> pending_{0};
+  int num_tasks_ = 0;
+  std::atomic<int> next_{0};
+  std::atomic<int> done_{0};
+  std::atomic<int> active_{0};
   std::atomic<bool> stop_{false};
 };
 

@@ -98,16 +98,20 @@ void rows(const float* x, const float* w, const float* bias, float* y, int64_t m
 
 void small_gemm_f32(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
                     int64_t k, int num_threads) {
-  // Threads split n in multiples of 4 rows; small problems stay on the calling thread.
+  // Tasks of at least 64 KiB of weights, about four per thread; small problems stay
+  // on the calling thread.
   int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads, (n * k) / (128 * 1024)));
   if (threads == 1) {
     rows(x, w, bias, y, m, n, k, 0, n);
     return;
   }
-  int64_t chunk = ((n + threads - 1) / threads + 3) / 4 * 4;
-  ThreadPool::global().run(static_cast<int>(threads), [&](int t) {
+  int64_t min_rows = std::max<int64_t>(4, (16 * 1024) / k);
+  int64_t chunk = std::max<int64_t>(min_rows, (n + 4 * threads - 1) / (4 * threads));
+  chunk = (chunk + 3) / 4 * 4;
+  int num_tasks = static_cast<int>((n + chunk - 1) / chunk);
+  ThreadPool::global().run(num_tasks, static_cast<int>(threads), [&](int t) {
     int64_t b = t * chunk, e = std::min(n, b + chunk);
-    if (b < e) rows(x, w, bias, y, m, n, k, b, e);
+    rows(x, w, bias, y, m, n, k, b, e);
   });
 }
 

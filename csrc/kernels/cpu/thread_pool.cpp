@@ -26,16 +26,25 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::ensure(int num_workers) {
   while (static_cast<int>(workers_.size()) < num_workers) {
-    int index = static_cast<int>(workers_.size()) + 1;  // task 0 runs on the caller
     uint64_t now = generation_.load();  // before run() publishes the next generation
-    workers_.emplace_back([this, index, now] { worker(index, now); });
+    workers_.emplace_back([this, now] { worker(now); });
   }
 }
 
-void ThreadPool::worker(int index, uint64_t seen) {
+void ThreadPool::drain() {
+  // Tasks are claimed one at a time, so a worker that is descheduled (other threads,
+  // e.g. an OpenMP pool, share the cores) holds up at most the task it has claimed.
+  for (int t = next_.fetch_add(1, std::memory_order_acq_rel); t < num_tasks_;
+       t = next_.fetch_add(1, std::memory_order_acq_rel)) {
+    (*fn_)(t);
+    done_.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::worker(uint64_t seen) {
   for (;;) {
     // Spin for a short while (back-to-back kernel calls), then sleep.
-    for (int spin = 0; spin < 20000 && generation_.load(std::memory_order_acquire) == seen; ++spin)
+    for (int spin = 0; spin < 2000 && generation_.load(std::memory_order_acquire) == seen; ++spin)
       SONARSPEC_PAUSE();
     if (generation_.load(std::memory_order_acquire) == seen) {
       std::unique_lock<std::mutex> lock(mu_);
@@ -43,29 +52,31 @@ void ThreadPool::worker(int index, uint64_t seen) {
     }
     seen = generation_.load(std::memory_order_acquire);
     if (stop_) return;
-    if (index < num_tasks_.load(std::memory_order_acquire)) {
-      (*fn_)(index);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
-    }
+    active_.fetch_add(1, std::memory_order_acq_rel);
+    if (generation_.load(std::memory_order_acquire) == seen) drain();
+    active_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
-void ThreadPool::run(int num_tasks, const std::function<void(int)>& fn) {
-  if (num_tasks <= 1) {
-    if (num_tasks == 1) fn(0);
+void ThreadPool::run(int num_tasks, int num_threads, const std::function<void(int)>& fn) {
+  if (num_threads <= 1 || num_tasks <= 1) {
+    for (int t = 0; t < num_tasks; ++t) fn(t);
     return;
   }
-  ensure(num_tasks - 1);
+  // Earlier workers may still be leaving the previous call's drain().
+  while (active_.load(std::memory_order_acquire) != 0) SONARSPEC_PAUSE();
+  ensure(num_threads - 1);
   {
     std::lock_guard<std::mutex> lock(mu_);
     fn_ = &fn;
-    num_tasks_.store(num_tasks, std::memory_order_release);
-    pending_.store(num_tasks - 1, std::memory_order_release);
+    num_tasks_ = num_tasks;
+    next_.store(0, std::memory_order_release);
+    done_.store(0, std::memory_order_release);
     generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   cv_.notify_all();
-  fn(0);
-  while (pending_.load(std::memory_order_acquire) != 0) SONARSPEC_PAUSE();
+  drain();
+  while (done_.load(std::memory_order_acquire) != num_tasks) SONARSPEC_PAUSE();
 }
 
 }  // namespace sonarspec

@@ -1,12 +1,14 @@
 """Runs one model over a packed batch on its paged KV cache."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Optional
 
 import torch
 
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
 from ..models.llama import LlamaForCausalLM
+from ..ops.linear import native_gemm_threads, uses_native_gemm
 from .kv_cache import KVCache
 
 
@@ -20,8 +22,10 @@ class ModelRunner:
         """Runs the packed tokens (num_tokens,) and returns float32 logits for the rows in
         ``logits_indices`` (num_logits, vocab_size), plus final hidden states for the rows in
         ``hidden_indices`` when given."""
-        hidden = self.model(input_ids, positions, TorchPagedAttention(self.kv_cache, meta))
-        logits = self.model.compute_logits(hidden[logits_indices])
+        small = uses_native_gemm(input_ids.numel(), input_ids.device, self.model.model.norm.weight.dtype)
+        with native_gemm_threads() if small else nullcontext():
+            hidden = self.model(input_ids, positions, TorchPagedAttention(self.kv_cache, meta))
+            logits = self.model.compute_logits(hidden[logits_indices])
         if hidden_indices is None:
             return logits
         return logits, hidden[hidden_indices]
