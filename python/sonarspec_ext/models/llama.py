@@ -12,6 +12,7 @@ from torch import nn
 
 from ..layers.attention import AttentionBackend
 from ..layers.linear import Linear
+from ..ops.linear import padded_linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, apply_rope
 from .config import ModelConfig
@@ -28,12 +29,22 @@ class LlamaAttention(nn.Module):
         self.k_proj = Linear(h, self.num_kv_heads * self.head_dim, bias=b)
         self.v_proj = Linear(h, self.num_kv_heads * self.head_dim, bias=b)
         self.o_proj = Linear(self.num_heads * self.head_dim, h, bias=False)
+        self.qkv = None  # (weight, bias) fused for inference by LlamaForCausalLM.fuse_projections
+
+    def fuse(self):
+        self.qkv = _fuse([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(self, x, cos, sin, attn: AttentionBackend):
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        if self.qkv is not None:
+            q, k, v = padded_linear(x, *self.qkv).split(
+                [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                 self.num_kv_heads * self.head_dim], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return self.o_proj(attn.attend(self.layer_idx, q, k, v))
 
@@ -44,9 +55,33 @@ class LlamaMLP(nn.Module):
         self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up = None  # (weight, None) fused for inference
+
+    def fuse(self):
+        self.gate_up = _fuse([self.gate_proj, self.up_proj])
 
     def forward(self, x):
+        if self.gate_up is not None:
+            gate, up = padded_linear(x, *self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _fuse(linears):
+    """Concatenates the weights (and biases) of linears sharing an input into one GEMM
+    operand, then points each layer's parameters at its rows of it (no extra memory)."""
+    weight = torch.cat([m.weight.detach() for m in linears])
+    bias = None
+    if linears[0].bias is not None:
+        bias = torch.cat([m.bias.detach() for m in linears])
+    row = 0
+    for m in linears:
+        rows = m.weight.shape[0]
+        m.weight = nn.Parameter(weight[row:row + rows], requires_grad=False)
+        if bias is not None:
+            m.bias = nn.Parameter(bias[row:row + rows], requires_grad=False)
+        row += rows
+    return weight, bias
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -90,6 +125,12 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x, cos, sin, attn)
         return self.model.norm(x)
+
+    def fuse_projections(self) -> None:
+        """Inference only: q/k/v and gate/up projections run as one GEMM each."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(num_selected, hidden_size) -> float32 logits (num_selected, vocab_size)."""

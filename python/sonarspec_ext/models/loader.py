@@ -92,7 +92,9 @@ def load_model(path: str, dtype="float32", device="cpu") -> LlamaForCausalLM:
         model.lm_head.weight = model.model.embed_tokens.weight
     # Buffers (RoPE tables) were created on meta: rebuild them on the target device.
     model.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
-    return model.to(device).eval()
+    model = model.to(device).eval().requires_grad_(False)
+    model.fuse_projections()
+    return model
 
 
 def save_model(model: LlamaForCausalLM, path: str, dtype="float32") -> None:
@@ -100,7 +102,8 @@ def save_model(model: LlamaForCausalLM, path: str, dtype="float32") -> None:
     os.makedirs(path, exist_ok=True)
     torch_dtype = parse_dtype(dtype)
     cfg = model.config
-    state = {n: p.detach().to(torch_dtype).contiguous() for n, p in model.named_parameters()}
+    # clone: inference models keep fused projections whose parameters share storage
+    state = {n: p.detach().to(torch_dtype).contiguous().clone() for n, p in model.named_parameters()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     d = cfg.to_hf_dict()
