@@ -51,7 +51,7 @@ def test_kv_store_rejects_bad_tensors():
         ops.kv_store(pool[0], pool.clone(), k, k, slots)
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 16])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 16])
 @pytest.mark.parametrize("n,k", [(1, 1), (7, 13), (99, 64), (1408, 512), (111, 1000)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_padded_linear_matches_torch(m, n, k, bias):

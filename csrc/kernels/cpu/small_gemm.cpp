@@ -1,6 +1,6 @@
 // Register-blocked small-M GEMM for x86-64 with AVX2/FMA (scalar fallback elsewhere).
-// Each task takes 4 weight rows and up to 4 input rows: 16 accumulators of 8 floats
-// (the 16 ymm registers), one pass over k.
+// Up to 8 input rows are served by one pass over the weights, so verifying 1 + K
+// tokens streams the weights once, like decoding one.
 #include "sonarspec/small_gemm.h"
 
 #include <algorithm>
@@ -48,19 +48,30 @@ __attribute__((target("avx2,fma"))) void block(const float* x, const float* w, f
   }
 }
 
+// All rows of an x chunk (MR <= 8) share one pass over the weights; NR weight rows
+// per step keep MR * NR <= 12 accumulators in registers.
+template <int MR>
+__attribute__((target("avx2,fma"))) void pass(const float* x, const float* w, float* y, int64_t m0, int64_t n,
+                                              int64_t k, int64_t n_begin, int64_t n_end) {
+  constexpr int NR = MR <= 3 ? 4 : (MR == 4 ? 3 : (MR <= 6 ? 2 : 1));
+  int64_t j = n_begin;
+  for (; j + NR <= n_end; j += NR) block<MR, NR>(x, w, y, m0, j, n, k);
+  for (; j < n_end; ++j) block<MR, 1>(x, w, y, m0, j, n, k);
+}
+
 __attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const float* w, float* y, int64_t m,
                                                    int64_t n, int64_t k, int64_t n_begin, int64_t n_end) {
-  int64_t j = n_begin;
-  for (; j + 4 <= n_end; j += 4) {
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4) block<4, 4>(x, w, y, i, j, n, k);
-    for (; i + 2 <= m; i += 2) block<2, 4>(x, w, y, i, j, n, k);
-    for (; i < m; ++i) block<1, 4>(x, w, y, i, j, n, k);
-  }
-  for (; j < n_end; ++j) {
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4) block<4, 1>(x, w, y, i, j, n, k);
-    for (; i < m; ++i) block<1, 1>(x, w, y, i, j, n, k);
+  for (int64_t i = 0; i < m; i += 8) {
+    switch (std::min<int64_t>(8, m - i)) {
+      case 1: pass<1>(x, w, y, i, n, k, n_begin, n_end); break;
+      case 2: pass<2>(x, w, y, i, n, k, n_begin, n_end); break;
+      case 3: pass<3>(x, w, y, i, n, k, n_begin, n_end); break;
+      case 4: pass<4>(x, w, y, i, n, k, n_begin, n_end); break;
+      case 5: pass<5>(x, w, y, i, n, k, n_begin, n_end); break;
+      case 6: pass<6>(x, w, y, i, n, k, n_begin, n_end); break;
+      case 7: pass<7>(x, w, y, i, n, k, n_begin, n_end); break;
+      default: pass<8>(x, w, y, i, n, k, n_begin, n_end); break;
+    }
   }
 }
 

@@ -42,10 +42,9 @@ class LlamaAttention(nn.Module):
                  self.num_kv_heads * self.head_dim], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
+        qk = torch.cat([q.view(n, self.num_heads, self.head_dim), k.view(n, self.num_kv_heads, self.head_dim)], 1)
+        q, k = apply_rope(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return self.o_proj(attn.attend(self.layer_idx, q, k, v))
 
 
