@@ -50,10 +50,16 @@ void ThreadPool::worker(uint64_t seen) {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return generation_.load() != seen; });
     }
-    seen = generation_.load(std::memory_order_acquire);
-    if (stop_) return;
-    active_.fetch_add(1, std::memory_order_acq_rel);
-    if (generation_.load(std::memory_order_acquire) == seen) drain();
+    {
+      // Join under the lock: run() publishes a call's fields under it and waits for
+      // active workers first, so a worker never drains half-written fields. Joining a
+      // call that is already done is harmless: no task is left to claim.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      seen = generation_.load(std::memory_order_acquire);
+      active_.fetch_add(1, std::memory_order_acq_rel);
+    }
+    drain();
     active_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
@@ -63,11 +69,12 @@ void ThreadPool::run(int num_tasks, int num_threads, const std::function<void(in
     for (int t = 0; t < num_tasks; ++t) fn(t);
     return;
   }
-  // Earlier workers may still be leaving the previous call's drain().
-  while (active_.load(std::memory_order_acquire) != 0) SONARSPEC_PAUSE();
   ensure(num_threads - 1);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Workers that joined an earlier call may still be leaving its drain(); none can
+    // join while the lock is held, so the fields below are not read half-written.
+    while (active_.load(std::memory_order_acquire) != 0) SONARSPEC_PAUSE();
     fn_ = &fn;
     num_tasks_ = num_tasks;
     next_.store(0, std::memory_order_release);

@@ -154,7 +154,7 @@ class Engine:
             rows.append((start, len(toks), self.planner.page_table(seq.seq_id)))
             if start + n == seq.num_tokens:   # the step ends at the sequence's frontier
                 first = len(input_ids) - (len(toks) - n) - 1
-                blocks.append((seq, start, len(logits_idx), len(toks) - n + 1, draft))
+                blocks.append((seq, len(logits_idx), len(toks) - n + 1, draft))
                 logits_idx.extend(range(first, len(input_ids)))
         meta, positions = build_metadata(rows, self.config.page_size, self.device,
                                          self.model_config.sliding_window)
@@ -162,7 +162,7 @@ class Engine:
                                      meta, torch.tensor(logits_idx, dtype=torch.long, device=self.device))
         t3 = time.perf_counter()
         results = []
-        for seq, start, offset, num_rows, draft in blocks:
+        for seq, offset, num_rows, draft in blocks:
             block = logits[offset:offset + num_rows]
             if draft is None:
                 tokens, accepted = sample(block, [seq.params], [seq.generator]), 0

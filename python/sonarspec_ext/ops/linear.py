@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from .. import _C
 
-# Largest row count sent to the native small-M kernel on CPU; beyond it the BLAS GEMM
-# (MKL/oneDNN) is as fast or faster (measured by tools/bench_small_gemm.py).
+# Largest row count sent to the native small-M kernel on CPU: one pass over the weights
+# serves up to 8 rows; beyond that torch's BLAS GEMM is as fast or faster.
 SMALL_M_MAX_ROWS = 8
 
 # Threads for the native kernel while ``native_gemm_threads`` is active (else torch's).
@@ -44,8 +44,8 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     float32 CPU inputs with at most ``SMALL_M_MAX_ROWS`` rows and no autograd use the
     register-blocked native kernel; everything else goes to ``F.linear``."""
     rows = x.numel() // x.shape[-1] if x.dim() else 0
-    if (uses_native_gemm(rows, x.device, x.dtype) and weight.dtype == torch.float32 and weight.dim() == 2 and weight.shape[1] == x.shape[-1]
-            and weight.is_contiguous() and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+    if (uses_native_gemm(rows, x.device, x.dtype) and weight.dtype == torch.float32 and weight.dim() == 2
+            and weight.shape[1] == x.shape[-1] and weight.is_contiguous() and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         xc = x.contiguous()
         out = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32)
