@@ -1,4 +1,4 @@
-"""The ``sonarspec`` command line: generate, bench."""
+"""The ``sonarspec`` command line: generate, bench, train-mtp."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +50,44 @@ def _bench(args) -> int:
     return 0
 
 
+def _train_mtp(args) -> int:
+    from .assets import resolve
+    from .training.mtp_train import TrainConfig
+    from .training.train_mtp import train_mtp
+    cfg = TrainConfig(max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
+                      ce_weight=args.ce_weight, noise=args.noise, seed=args.seed, eval_every=args.eval_every,
+                      checkpoint_every=args.eval_every, warmup=min(50, max(1, args.max_steps // 10)))
+    info = train_mtp(resolve(args.target, "target"), args.data, args.out, args.work, args.layout, args.seq_len,
+                     args.max_windows, args.feature_dtype, args.formats, args.exclude, args.resume, cfg=cfg)
+    print(f"head written to {args.out} ({info['num_params']} parameters)")
+    return 0
+
+
+def _add_train_mtp(sub) -> None:
+    t = sub.add_parser("train-mtp", help="train an MTP draft head for a target model")
+    t.add_argument("--target", default="default", help="target model dir or 'default' (packaged target)")
+    t.add_argument("--data", nargs="+", required=True, help="text files, directories or JSONL files ('text' field)")
+    t.add_argument("--exclude", nargs="*", default=[], help="glob patterns of files to skip inside directories")
+    t.add_argument("--out", required=True, help="directory for the trained head (sonarspec format)")
+    t.add_argument("--work", default=None, help="features and checkpoints (default: OUT.work)")
+    t.add_argument("--layout", default="rmsnorm", choices=["rmsnorm", "eagle1"])
+    t.add_argument("--formats", nargs="+", default=["sonarspec"], choices=["sonarspec", "eagle1", "deepseek"],
+                   help="extra exports go to OUT-<format>")
+    t.add_argument("--max-steps", type=int, default=1000)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--unroll", type=int, default=1, help="train on K-step chains of the head's own outputs")
+    t.add_argument("--ce-weight", type=float, default=0.1)
+    t.add_argument("--noise", type=float, default=0.1)
+    t.add_argument("--seq-len", type=int, default=256)
+    t.add_argument("--max-windows", type=int, default=2000)
+    t.add_argument("--feature-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    t.add_argument("--eval-every", type=int, default=100)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--resume", action="store_true")
+    t.set_defaults(func=_train_mtp)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="sonarspec", description="LLM inference built for speculative decoding")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -84,6 +122,7 @@ def main(argv=None) -> int:
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
     b.add_argument("--json", default=None, help="write results to this JSON file")
     b.set_defaults(func=_bench)
+    _add_train_mtp(sub)
     args = ap.parse_args(argv)
     try:
         return args.func(args)

@@ -23,6 +23,7 @@ from .runner import ModelRunner
 from .sampler import sample
 from .sequence import Sequence
 from ..spec.factory import make_proposer, resolve_draft
+from ..spec.proposer import StepRecord
 from ..spec.verify import verify_chain
 
 TIMING_KEYS = ("plan", "draft", "verify", "sample", "wait")
@@ -62,8 +63,7 @@ class Engine:
             eos = [self.tokenizer.eos_token_id]
         self.eos_ids = eos
         c = self.config
-        draft_dir = resolve_draft(self.spec, self.tokenizer, self.model_config)
-        draft_cfg = ModelConfig.from_dir(draft_dir) if draft_dir else None
+        draft_dir, draft_cfg = resolve_draft(self.spec, model_dir, self.tokenizer, self.model_config) or (None, None)
         limits = [self.model_config.max_position_embeddings] + ([draft_cfg.max_position_embeddings] if draft_cfg else [])
         self.max_model_len = min([c.max_model_len or min(limits)] + limits)
         num_pages = c.num_pages or num_pages_for_budget(
@@ -75,8 +75,8 @@ class Engine:
         pc.max_num_seqs, pc.max_num_batched_tokens = c.max_num_seqs, c.max_num_batched_tokens
         pc.max_model_len = self.max_model_len
         self.planner = _C.Planner(pc)
-        self.proposer = make_proposer(self.spec, draft_dir, self.planner, num_pages, c.page_size,
-                                      self.model_config.vocab_size, self.dtype, self.device, c.draft_sampling)
+        self.proposer = make_proposer(self.spec, draft_dir, self.model, self.planner, num_pages, c.page_size,
+                                      self.dtype, self.device, c.draft_sampling)
         self.seqs: Dict[int, Sequence] = {}
         self._ids = itertools.count()
         self.timing = dict.fromkeys(TIMING_KEYS, 0.0)
@@ -150,50 +150,58 @@ class Engine:
             draft = drafts.get(seq.seq_id)
             if draft is not None:
                 toks = toks + draft.token_ids
+            row = len(input_ids)
             input_ids.extend(toks)
             rows.append((start, len(toks), self.planner.page_table(seq.seq_id)))
-            if start + n == seq.num_tokens:   # the step ends at the sequence's frontier
-                first = len(input_ids) - (len(toks) - n) - 1
-                blocks.append((seq, len(logits_idx), len(toks) - n + 1, draft))
-                logits_idx.extend(range(first, len(input_ids)))
+            frontier = start + n == seq.num_tokens   # the step reaches the sequence's last token
+            blocks.append((seq, start, row, n, frontier, len(logits_idx), draft))
+            if frontier:
+                logits_idx.extend(range(row + n - 1, len(input_ids)))
         meta, positions = build_metadata(rows, self.config.page_size, self.device,
                                          self.model_config.sliding_window)
-        logits = self.runner.forward(torch.tensor(input_ids, dtype=torch.long, device=self.device), positions,
-                                     meta, torch.tensor(logits_idx, dtype=torch.long, device=self.device))
+        out = self.runner.forward(torch.tensor(input_ids, dtype=torch.long, device=self.device), positions,
+                                  meta, torch.tensor(logits_idx, dtype=torch.long, device=self.device),
+                                  hidden_indices=slice(None) if self.proposer.needs_hidden else None)
+        logits, hidden = out if self.proposer.needs_hidden else (out, None)
         t3 = time.perf_counter()
         results = []
-        for seq, offset, num_rows, draft in blocks:
-            block = logits[offset:offset + num_rows]
-            if draft is None:
-                tokens, accepted = sample(block, [seq.params], [seq.generator]), 0
-            else:
-                tokens, accepted = verify_chain(block, draft, seq.params, seq.generator)
-            results.append((seq, tokens, accepted, draft))
+        for seq, start, row, n, frontier, offset, draft in blocks:
+            tokens, accepted = [], 0
+            if frontier:
+                block = logits[offset:offset + (len(draft.token_ids) if draft else 0) + 1]
+                if draft is None:
+                    tokens = sample(block, [seq.params], [seq.generator])
+                else:
+                    tokens, accepted = verify_chain(block, draft, seq.params, seq.generator)
+            results.append((seq, start, row, n, frontier, tokens, accepted, draft))
         t4 = time.perf_counter()
-        emitted = []
-        for seq, tokens, accepted, draft in results:
+        records = []
+        for seq, start, row, n, frontier, tokens, accepted, draft in results:
             n_before = seq.num_tokens
             if draft is not None:
                 seq.record_verification(len(draft.token_ids), accepted)
             self._append(seq, tokens)
-            if not seq.finished:
-                if draft is not None:  # KV is valid through the accepted drafts
-                    self.planner.commit(seq.seq_id, n_before + accepted)
-                emitted.append((seq, n_before, max(0, len(draft.token_ids) - 1) if draft else 0, accepted))
+            if seq.finished:
+                continue
+            if draft is not None:  # KV is valid through the accepted drafts
+                self.planner.commit(seq.seq_id, n_before + accepted)
+            valid = n + accepted
+            records.append(StepRecord(seq, start, n_before, draft, accepted, frontier,
+                                      None if hidden is None else hidden[row:row + valid]))
         t5 = time.perf_counter()
-        self.proposer.after_step(emitted)
+        self.proposer.after_step(records)
         t6 = time.perf_counter()
         self.timing["plan"] += (t1 - t0) + (t5 - t4)
         self.timing["draft"] += (t2 - t1) + (t6 - t5)
         self.timing["verify"] += t3 - t2
         self.timing["sample"] += t4 - t3
         self.num_steps += 1
-        return [r[0] for r in results]
+        return [r[0] for r in results if r[4]]
 
     # ---- post-processing ------------------------------------------------------------
     def _append(self, seq: Sequence, tokens: List[int]) -> None:
         """Appends emitted tokens, stopping exactly at the first stop condition."""
-        if seq.first_token_time is None:
+        if seq.first_token_time is None and tokens:
             seq.first_token_time = time.perf_counter()
         p = seq.params
         for tok in tokens:

@@ -7,24 +7,27 @@ from typing import Optional
 import torch
 
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
-from ..models.llama import LlamaForCausalLM
 from ..ops.linear import native_gemm_threads, uses_native_gemm
 from .kv_cache import KVCache
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache):
+    def __init__(self, model, kv_cache: KVCache):
+        """``model``: a ``LlamaForCausalLM`` or an ``MTPHead`` (which also reads ``features``)."""
         self.model, self.kv_cache = model, kv_cache
+        self.dtype = next(model.parameters()).dtype
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: PagedAttentionMetadata,
-                logits_indices: torch.Tensor, hidden_indices: Optional[torch.Tensor] = None):
+                logits_indices: torch.Tensor, hidden_indices=None, features: Optional[torch.Tensor] = None):
         """Runs the packed tokens (num_tokens,) and returns float32 logits for the rows in
         ``logits_indices`` (num_logits, vocab_size), plus final hidden states for the rows in
-        ``hidden_indices`` when given."""
-        small = uses_native_gemm(input_ids.numel(), input_ids.device, self.model.model.norm.weight.dtype)
+        ``hidden_indices`` (an index tensor or slice) when given. ``features`` (num_tokens,
+        hidden_size) are the per-token hidden-state inputs of an MTP head."""
+        small = uses_native_gemm(input_ids.numel(), input_ids.device, self.dtype)
+        extra = () if features is None else (features,)
         with native_gemm_threads() if small else nullcontext():
-            hidden = self.model(input_ids, positions, TorchPagedAttention(self.kv_cache, meta))
+            hidden = self.model(input_ids, positions, TorchPagedAttention(self.kv_cache, meta), *extra)
             logits = self.model.compute_logits(hidden[logits_indices])
         if hidden_indices is None:
             return logits

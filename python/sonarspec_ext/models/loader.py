@@ -118,3 +118,18 @@ def save_model(model: LlamaForCausalLM, path: str, dtype="float32") -> None:
         gen["bos_token_id"] = cfg.bos_token_id
     with open(os.path.join(path, "generation_config.json"), "w") as fh:
         json.dump(gen, fh, indent=2)
+
+
+def checkpoint_fingerprint(path: str) -> str:
+    """A hash of a model directory's config and tensor layout plus a sample of its weights:
+    cheap to compute, and it changes when the checkpoint does."""
+    import hashlib
+    h = hashlib.sha256()
+    with open(os.path.join(path, "config.json"), "rb") as fh:
+        h.update(fh.read())
+    for fname in sorted(set(weight_files(path).values())):
+        with open(fname, "rb") as fh:
+            header_len = int.from_bytes(fh.read(8), "little")
+            h.update(fh.read(header_len))
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]

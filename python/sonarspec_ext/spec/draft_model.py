@@ -14,9 +14,8 @@ import torch
 from ..engine.kv_cache import KVCache
 from ..engine.metadata import build_metadata
 from ..engine.runner import ModelRunner
-from ..engine.sampler import processed_probs, sample_from_probs
 from ..models.loader import load_model
-from .proposer import Draft, Proposer
+from .proposer import Draft, Proposer, StepRecord, add_draft_token, draw_draft, finish_drafts
 
 
 class DraftModelProposer(Proposer):
@@ -56,40 +55,29 @@ class DraftModelProposer(Proposer):
         pad = torch.full((logits.shape[0], V - logits.shape[-1]), float("-inf"), device=logits.device)
         return torch.cat([logits, pad], dim=-1)
 
-    def _draw(self, seq, logits: torch.Tensor):
-        """Draft token from (vocab_size,) logits under the request's sampling params."""
-        if seq.params.greedy or not self.sample_drafts:
-            return int(logits.argmax()), None
-        q = processed_probs(logits.unsqueeze(0), seq.params)
-        return int(sample_from_probs(q, seq.generator)[0]), q[0]
-
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
         drafts = [Draft([], [] if self.sample_drafts else None) for _ in seqs]
         logits = {i: self.state[s.seq_id][1] for i, s in enumerate(seqs)}
         for j in range(max(ks, default=0)):
             for i, s in enumerate(seqs):
                 if ks[i] > j:
-                    tok, q = self._draw(s, logits[i])
-                    drafts[i].token_ids.append(tok)
-                    if drafts[i].probs is not None:
-                        drafts[i].probs.append(q if q is not None else
-                                               torch.nn.functional.one_hot(torch.tensor(tok), self.vocab_size).float())
+                    add_draft_token(drafts[i], *draw_draft(s, logits[i], self.sample_drafts), self.vocab_size)
             step = [i for i in range(len(seqs)) if ks[i] > j + 1]
             if step:
                 out = self._run([(seqs[i], seqs[i].num_tokens + j, [drafts[i].token_ids[j]]) for i in step])
                 for r, i in enumerate(step):
                     logits[i] = out[r]
-        for d in drafts:
-            if d.probs is not None:
-                d.probs = torch.stack(d.probs) if d.probs else None
-        return drafts
+        return finish_drafts(drafts)
 
-    def after_step(self, emitted: Sequence) -> None:
+    def after_step(self, records: Sequence[StepRecord]) -> None:
         rows = []
-        for seq, n_before, num_written, num_accepted in emitted:
-            st = self.state.get(seq.seq_id)
-            # Draft KV is valid for the known tokens plus the drafts that were accepted.
-            valid = 0 if st is None else n_before + min(num_accepted, num_written)
+        for r in records:
+            if not r.frontier:
+                continue   # prefill chunks: the draft prefills over the whole prompt at the last one
+            seq, st = r.seq, self.state.get(r.seq.seq_id)
+            # Draft KV is valid for the known tokens plus the accepted drafts it wrote (all but the last).
+            num_written = max(0, len(r.draft.token_ids) - 1) if r.draft else 0
+            valid = 0 if st is None else r.n_before + min(r.num_accepted, num_written)
             rows.append((seq, valid, seq.all_ids[valid:]))
         if not rows:
             return

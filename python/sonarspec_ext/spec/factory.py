@@ -1,24 +1,34 @@
 """Builds the proposer for a ``SpecConfig`` and checks draft/target compatibility."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
-from ..assets import resolve
+from ..assets import path as asset_path, resolve
 from ..models.config import ModelConfig
+from ..models.loader import weight_files
+from ..models.mtp_loader import detect_format, head_config, load_mtp_head
 from ..models.tokenizer import Tokenizer
 from ..params import SpecConfig
 from .draft_model import DraftModelProposer
+from .mtp import MTPProposer
 from .ngram import NgramProposer
 from .proposer import NoProposer, Proposer
 
+METHODS = ("none", "draft_target", "mtp", "ngram")
 
-def resolve_draft(spec: SpecConfig, target_tokenizer: Tokenizer, target_cfg: ModelConfig) -> Optional[str]:
-    """The draft model directory for ``draft_target`` (checked against the target), else None."""
+
+def resolve_draft(spec: SpecConfig, target_dir: str, target_tokenizer: Tokenizer,
+                  target_cfg: ModelConfig) -> Optional[Tuple[str, ModelConfig]]:
+    """(directory, config) of the draft model or MTP head (checked against the target), or
+    None for methods without one. An MTP head's config is its one decoder layer."""
+    if spec.method not in METHODS:
+        raise ValueError(f"speculation method {spec.method!r} is not available in this build; "
+                         f"available: {', '.join(repr(m) for m in METHODS)}")
     if spec.method in ("none", "ngram"):
         return None
-    if spec.method != "draft_target":
-        raise ValueError(f"speculation method {spec.method!r} is not available in this build; "
-                         f"available: 'none', 'draft_target', 'ngram'")
+    if spec.method == "mtp":
+        head_dir = _mtp_dir(spec, target_dir)
+        return head_dir, head_config(head_dir, target_cfg)[0]
     draft_dir = resolve(spec.draft or "default", "draft")
     draft_cfg = ModelConfig.from_dir(draft_dir)
     draft_tok = Tokenizer(draft_dir)
@@ -29,14 +39,35 @@ def resolve_draft(spec: SpecConfig, target_tokenizer: Tokenizer, target_cfg: Mod
     if min(draft_cfg.vocab_size, target_cfg.vocab_size) < needed:
         raise ValueError(f"vocab sizes differ beyond embedding padding: target {target_cfg.vocab_size}, "
                          f"draft {draft_cfg.vocab_size}, tokenizer {needed}")
-    return draft_dir
+    return draft_dir, draft_cfg
 
 
-def make_proposer(spec: SpecConfig, draft_dir: Optional[str], planner, num_pages: int, page_size: int,
-                  target_vocab_size: int, dtype, device, draft_sampling: bool = False) -> Proposer:
+def _mtp_dir(spec: SpecConfig, target_dir: str) -> str:
+    """``draft=DIR`` as given; otherwise an MTP layer inside the target checkpoint
+    (DeepSeek-V3 style), else the packaged head."""
+    if spec.draft not in (None, "default"):
+        return spec.draft
+    try:
+        detect_format(weight_files(target_dir))
+        return target_dir
+    except ValueError:
+        pass
+    try:
+        return asset_path("mtp")
+    except FileNotFoundError:
+        raise ValueError(f"no MTP head: {target_dir} holds no MTP layer and no packaged head is installed; "
+                         f"pass SpecConfig(method='mtp', draft=DIR)") from None
+
+
+def make_proposer(spec: SpecConfig, draft_dir: Optional[str], target, planner, num_pages: int, page_size: int,
+                  dtype, device, draft_sampling: bool = False) -> Proposer:
     if spec.method == "ngram":
         return NgramProposer(spec.num_draft_tokens)
     if spec.method == "draft_target":
         return DraftModelProposer(draft_dir, spec.num_draft_tokens, planner, num_pages, page_size,
-                                  target_vocab_size, dtype, device, sample_drafts=draft_sampling)
+                                  target.config.vocab_size, dtype, device, sample_drafts=draft_sampling)
+    if spec.method == "mtp":
+        head = load_mtp_head(draft_dir, target, dtype, device)
+        return MTPProposer(head, spec.num_draft_tokens, planner, num_pages, page_size, dtype, device,
+                           sample_drafts=draft_sampling)
     return NoProposer()

@@ -6,9 +6,11 @@ target pass verifies them. ``NoProposer`` is plain decoding (k = 0 for everyone)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
+
+from ..engine.sampler import processed_probs, sample_from_probs
 
 
 @dataclass
@@ -21,10 +23,28 @@ class Draft:
     probs: Optional[torch.Tensor] = None
 
 
+@dataclass
+class StepRecord:
+    """What one engine step did for one live sequence, handed to ``Proposer.after_step``.
+
+    The target computed positions ``start`` onwards; ``hidden`` holds its final hidden
+    states for the positions that are now valid (a prefill chunk, or the sequence's last
+    token plus the accepted drafts), when the proposer asked for them."""
+    seq: object
+    start: int
+    n_before: int                 # seq.num_tokens before the step
+    draft: Optional[Draft]
+    num_accepted: int
+    frontier: bool                # the step reached the sequence's last token and emitted tokens
+    hidden: Optional[torch.Tensor] = None
+
+
 class Proposer:
     #: extra KV slots each decoding sequence needs beyond its next token
     lookahead: int = 0
     max_draft_tokens: int = 0
+    #: whether ``after_step`` needs the target's final hidden states
+    needs_hidden: bool = False
 
     def ready(self, seq) -> bool:
         """Whether ``seq`` can be drafted for in this step."""
@@ -33,9 +53,8 @@ class Proposer:
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
         return [Draft([]) for _ in seqs]
 
-    def after_step(self, emitted: Sequence) -> None:
-        """Called with (seq, num_tokens_before_step, num_drafts_written, num_accepted) for
-        every live sequence that received tokens this step."""
+    def after_step(self, records: Sequence[StepRecord]) -> None:
+        """Called with a record for every live sequence the step computed."""
 
     def reset(self, seq) -> None:
         """``seq`` lost its KV (preempted) or finished."""
@@ -43,3 +62,25 @@ class Proposer:
 
 class NoProposer(Proposer):
     pass
+
+
+def draw_draft(seq, logits: torch.Tensor, sample_drafts: bool) -> Tuple[int, Optional[torch.Tensor]]:
+    """A draft token from (vocab_size,) logits: the top token, or with ``sample_drafts`` a
+    draw from the request's processed distribution q (returned with it)."""
+    if seq.params.greedy or not sample_drafts:
+        return int(logits.argmax()), None
+    q = processed_probs(logits.unsqueeze(0), seq.params)
+    return int(sample_from_probs(q, seq.generator)[0]), q[0]
+
+
+def add_draft_token(draft: Draft, tok: int, q: Optional[torch.Tensor], vocab_size: int) -> None:
+    draft.token_ids.append(tok)
+    if draft.probs is not None:
+        draft.probs.append(q if q is not None else torch.nn.functional.one_hot(torch.tensor(tok), vocab_size).float())
+
+
+def finish_drafts(drafts: List[Draft]) -> List[Draft]:
+    for d in drafts:
+        if d.probs is not None:
+            d.probs = torch.stack(d.probs) if d.probs else None
+    return drafts

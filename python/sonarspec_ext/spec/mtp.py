@@ -1,0 +1,104 @@
+"""MTP chain speculation: a one-layer head drafts from the target's hidden states.
+
+Head position i reads (h_i, t_{i+1}) and predicts t_{i+2}; its KV pool is one layer deep
+and shares the target's page table. Per sequence the proposer carries the logits and the
+predicted feature of the head's last accurate position. A step draws draft 1 from the
+carried logits and runs the head k-1 more times on its own predicted features; after
+verification the head is re-run over the target's now-valid positions with the target's
+hidden states (accurate features), overwriting the chain's approximate KV entries and
+producing the carried logits and feature for the next step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..engine.kv_cache import KVCache
+from ..engine.metadata import build_metadata
+from ..engine.runner import ModelRunner
+from ..models.mtp import MTPHead
+from .proposer import Draft, Proposer, StepRecord, add_draft_token, draw_draft, finish_drafts
+
+
+@dataclass
+class _HeadState:
+    valid: int                              # head KV positions 0 .. valid-1 hold accurate entries
+    logits: Optional[torch.Tensor] = None   # predicts token ``valid + 1``
+    feature: Optional[torch.Tensor] = None  # predicted target feature at position ``valid``
+
+
+class MTPProposer(Proposer):
+    needs_hidden = True
+
+    def __init__(self, head: MTPHead, num_draft_tokens: int, planner, num_pages: int, page_size: int,
+                 dtype, device, sample_drafts: bool = False):
+        self.head = head
+        self.kv_cache = KVCache(head.config, num_pages, page_size, dtype, device)
+        self.runner = ModelRunner(head, self.kv_cache)
+        self.planner, self.page_size, self.device = planner, page_size, device
+        self.vocab_size = head.vocab_size
+        self.max_draft_tokens = self.lookahead = num_draft_tokens
+        self.sample_drafts = sample_drafts
+        self.state: Dict[int, _HeadState] = {}
+
+    def ready(self, seq) -> bool:
+        st = self.state.get(seq.seq_id)
+        return st is not None and st.logits is not None and st.valid == seq.num_tokens - 1
+
+    def reset(self, seq) -> None:
+        self.state.pop(seq.seq_id, None)
+
+    def run_head(self, rows: List[Tuple[object, int, List[int], torch.Tensor]]):
+        """One head forward over (seq, start position, tokens t_{i+1}, features h_i) rows ->
+        (logits, features) at each row's last position."""
+        ids, feats, meta_rows, last = [], [], [], []
+        for seq, start, toks, f in rows:
+            ids.extend(toks)
+            feats.append(f)
+            meta_rows.append((start, len(toks), self.planner.page_table(seq.seq_id)))
+            last.append(len(ids) - 1)
+        meta, positions = build_metadata(meta_rows, self.page_size, self.device,
+                                         self.head.config.sliding_window)
+        last_t = torch.tensor(last, device=self.device)
+        return self.runner.forward(torch.tensor(ids, device=self.device), positions, meta, last_t,
+                                   hidden_indices=last_t, features=torch.cat(feats))
+
+    def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
+        drafts = [Draft([], [] if self.sample_drafts else None) for _ in seqs]
+        states = [self.state[s.seq_id] for s in seqs]
+        logits = [st.logits for st in states]
+        feats = [st.feature for st in states]
+        for j in range(max(ks, default=0)):
+            for i, s in enumerate(seqs):
+                if ks[i] > j:
+                    add_draft_token(drafts[i], *draw_draft(s, logits[i], self.sample_drafts), self.vocab_size)
+            step = [i for i in range(len(seqs)) if ks[i] > j + 1]
+            if step:
+                # head position N-1+j reads its own predicted feature and draft token j+1
+                out_logits, out_feats = self.run_head(
+                    [(seqs[i], seqs[i].num_tokens - 1 + j, [drafts[i].token_ids[j]], feats[i].unsqueeze(0))
+                     for i in step])
+                for r, i in enumerate(step):
+                    logits[i], feats[i] = out_logits[r], out_feats[r]
+        return finish_drafts(drafts)
+
+    def after_step(self, records: Sequence[StepRecord]) -> None:
+        rows, owners = [], []
+        for r in records:
+            seq, st = r.seq, self.state.get(r.seq.seq_id)
+            valid = 0 if st is None else st.valid
+            if r.start > valid or r.hidden is None or not len(r.hidden):
+                self.state.pop(seq.seq_id, None)   # a gap in the head's KV: stop drafting for it
+                continue
+            m = r.hidden.shape[0]
+            rows.append((seq, r.start, seq.all_ids[r.start + 1:r.start + 1 + m], r.hidden))
+            owners.append(r)
+        if not rows:
+            return
+        logits, feats = self.run_head(rows)
+        for i, r in enumerate(owners):
+            valid = r.start + r.hidden.shape[0]
+            self.state[r.seq.seq_id] = (_HeadState(valid, logits[i], feats[i]) if r.frontier
+                                        else _HeadState(valid))

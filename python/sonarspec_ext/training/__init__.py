@@ -1,0 +1,1 @@
+"""Training of MTP draft heads: data, target features, the training loop, export."""

@@ -1,0 +1,112 @@
+"""``sonarspec train-mtp``: corpus -> target features -> trained head -> export -> validation
+through the inference engine."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from typing import List, Optional, Sequence
+
+import torch
+
+from ..models.loader import checkpoint_fingerprint, load_model
+from ..models.mtp import MTPHead
+from ..models.mtp_loader import save_mtp_head
+from ..models.tokenizer import Tokenizer
+from .data import read_corpus, tokenize, windows
+from .features import FeatureSet, compute_features
+from .mtp_train import TrainConfig, train_head
+
+EXPORT_FORMATS = ("sonarspec", "eagle1", "deepseek")
+
+
+def _check_writable(out: str) -> None:
+    parent = os.path.dirname(os.path.abspath(out)) or "."
+    probe = out if os.path.isdir(out) else parent
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
+        raise ValueError(f"output directory {out!r} cannot be written (check that {probe!r} exists and is writable)")
+
+
+def export_head(head: MTPHead, out: str, fmt: str, target_num_layers: int, info: dict) -> None:
+    """Writes the head to ``out`` through a temporary directory, so a failed export never
+    leaves a directory that looks complete."""
+    tmp = tempfile.mkdtemp(prefix=".export-", dir=os.path.dirname(os.path.abspath(out)) or ".")
+    try:
+        save_mtp_head(head, tmp, fmt, target_num_layers=target_num_layers)
+        with open(os.path.join(tmp, "training.json"), "w") as fh:
+            json.dump(info, fh, indent=2)
+        if os.path.isdir(out):
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def validate_in_engine(target_dir: str, head_dir: str, prompts: List[List[int]], k: int, max_tokens: int) -> dict:
+    """Greedy MTP decoding of held-out prompts through the engine -> acceptance per draft
+    position and tau, checked token for token against plain decoding."""
+    from ..llm import LLM
+    from ..params import SamplingParams, SpecConfig
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    llm = LLM(target_dir, spec=SpecConfig(method="mtp", draft=head_dir, num_draft_tokens=k))
+    got = [o.token_ids for o in llm.generate(prompts, params)]
+    plain = [o.token_ids for o in LLM(target_dir).generate(prompts, params)]
+    s = llm.stats()
+    return {"num_draft_tokens": k, "num_prompts": len(prompts), "max_tokens": max_tokens,
+            "accepted_per_position": s["accepted_per_position"], "tau": s["acceptance_length"],
+            "equal_to_plain_decoding": got == plain}
+
+
+def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str] = None, layout: str = "rmsnorm",
+              seq_len: int = 256, max_windows: int = 2000, feature_dtype: str = "bfloat16",
+              formats: Sequence[str] = ("sonarspec",), exclude: Sequence[str] = (), resume: bool = False,
+              validate_prompts: int = 16, validate_tokens: int = 64, cfg: Optional[TrainConfig] = None,
+              log=print) -> dict:
+    cfg = cfg or TrainConfig()
+    bad = [f for f in formats if f not in EXPORT_FORMATS]
+    if bad:
+        raise ValueError(f"unknown export format {bad[0]!r}; choose from {EXPORT_FORMATS}")
+    if "eagle1" in formats and layout != "eagle1" or "deepseek" in formats and layout != "rmsnorm":
+        raise ValueError(f"a {layout} head can be exported as sonarspec"
+                         + (" or deepseek" if layout == "rmsnorm" else " or eagle1"))
+    _check_writable(out)
+    work = work or out.rstrip("/") + ".work"
+    torch.manual_seed(cfg.seed)
+    target = load_model(target_dir)
+    tokenizer = Tokenizer(target_dir)
+    train_txt, val_txt = read_corpus(data, exclude)
+    eot = tokenizer.eos_token_id
+    train_win = windows(tokenize(tokenizer, train_txt, eot), seq_len, max_windows)
+    val_win = windows(tokenize(tokenizer, val_txt, eot), seq_len, max(1, max_windows // 20))
+    log(f"data: {len(train_txt)} train / {len(val_txt)} validation documents -> "
+        f"{len(train_win)} / {len(val_win)} windows of {seq_len} tokens")
+    fp, tok_fp = checkpoint_fingerprint(target_dir), tokenizer.fingerprint()
+    for name, win in (("train", train_win), ("val", val_win)):
+        compute_features(target, win, os.path.join(work, "features", name), fp, tok_fp, feature_dtype, log=log)
+    train_fs = FeatureSet(os.path.join(work, "features", "train"), fp)
+    val_fs = FeatureSet(os.path.join(work, "features", "val"), fp)
+    head_cfg = copy.deepcopy(target.config)
+    head_cfg.num_hidden_layers = 1
+    head = MTPHead(head_cfg, layout).bind(target)
+    history = train_head(head, train_fs, val_fs, cfg, os.path.join(work, f"train-{layout}"), resume, log)
+    head.eval()
+    info = {"target_fingerprint": fp, "tokenizer_fingerprint": tok_fp, "layout": layout, "data": list(data),
+            "seq_len": seq_len, "train_windows": len(train_win), "val_windows": len(val_win),
+            "train": history["config"], "final_val": history["val"][-1] if history["val"] else None,
+            "num_params": sum(p.numel() for p in head.parameters())}
+    export_head(head, out, "sonarspec", target.config.num_hidden_layers, info)
+    for fmt in formats:
+        if fmt != "sonarspec":
+            export_head(head, f"{out.rstrip('/')}-{fmt}", fmt, target.config.num_hidden_layers, info)
+    prompts = [w[:32].tolist() for w in val_win[:validate_prompts]]
+    if prompts:
+        info["engine_validation"] = validate_in_engine(target_dir, out, prompts, max(3, cfg.unroll), validate_tokens)
+        log("engine validation: acceptance per position "
+            + " ".join(f"{a:.3f}" for a in info["engine_validation"]["accepted_per_position"])
+            + f", tau {info['engine_validation']['tau']:.3f}")
+        with open(os.path.join(out, "training.json"), "w") as fh:
+            json.dump(info, fh, indent=2)
+    return info

@@ -1,0 +1,236 @@
+"""MTP heads: the head against a transformers oracle, lossless chain decoding (greedy and
+sampled), every checkpoint layout, refused misfits, page accounting."""
+import json
+import os
+import random
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import hf_load
+from mtp_fixtures import random_head, save, trained_head
+from sonarspec_ext import LLM, SamplingParams, SpecConfig
+from sonarspec_ext.layers.attention import DenseCausalAttention
+from sonarspec_ext.models.config import CheckpointError
+from stats import assert_matches
+from test_generate import prompts
+from test_spec_draft_target import exact_second_token_law
+
+
+@pytest.fixture(scope="module")
+def heads(llama_dir, tmp_path_factory):
+    d = tmp_path_factory.mktemp("heads")
+    return {
+        "random": save(random_head(llama_dir, "rmsnorm"), str(d / "random")),
+        "random_eagle1": save(random_head(llama_dir, "eagle1", seed=1), str(d / "random_eagle1")),
+        "trained": save(trained_head(llama_dir, str(d / "work")), str(d / "trained")),
+    }
+
+
+@pytest.fixture(scope="module")
+def plain(llama_dir):
+    llm, cache = LLM(llama_dir), {}
+
+    def run(ps, params):
+        key = (json.dumps(ps), repr(params))
+        if key not in cache:
+            cache[key] = [o.token_ids for o in llm.generate(ps, params)]
+        return cache[key]
+    return run
+
+
+@pytest.mark.parametrize("layout", ["rmsnorm", "eagle1"])
+def test_head_matches_a_transformers_decoder_layer(llama_dir, layout):
+    """The head's output equals the formula written with transformers' LlamaDecoderLayer."""
+    import transformers
+    head = random_head(llama_dir, layout).eval()
+    cfg = head.config
+    hf_cfg = transformers.LlamaConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                                      num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                                      rms_norm_eps=cfg.rms_norm_eps, max_position_embeddings=cfg.max_position_embeddings,
+                                      rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling, vocab_size=cfg.vocab_size)
+    hf_cfg._attn_implementation = "eager"
+    layer = transformers.models.llama.modeling_llama.LlamaDecoderLayer(hf_cfg, 0)
+    layer.load_state_dict({k[len("layer."):]: v for k, v in head.state_dict().items() if k.startswith("layer.")},
+                          strict=layout == "rmsnorm")
+    if layout == "eagle1":
+        layer.input_layernorm = torch.nn.Identity()
+    rope = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(hf_cfg)
+    T = 12
+    ids, feats = torch.randint(0, 256, (T,)), torch.randn(T, cfg.hidden_size)
+    with torch.no_grad():
+        e = head.embed(ids)
+        if layout == "rmsnorm":
+            rms = lambda x, w: w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)  # noqa: E731
+            x = torch.nn.functional.linear(torch.cat([rms(e, head.enorm.weight), rms(feats, head.hnorm.weight)], -1),
+                                           head.fc.weight)
+        else:
+            x = torch.nn.functional.linear(torch.cat([e, feats], -1), head.fc.weight, head.fc.bias)
+        pos = torch.arange(T)[None]
+        mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+        out = layer(x[None], attention_mask=mask, position_ids=pos, position_embeddings=rope(x[None], pos))
+        ref = (out[0] if isinstance(out, tuple) else out)[0]
+        if layout == "rmsnorm":
+            ref = rms(ref, head.norm.weight)
+        got = head(ids, torch.arange(T), DenseCausalAttention(1, T), feats)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+@pytest.mark.parametrize("which", ["random", "trained"])
+def test_greedy_equals_plain_decoding(k, which, llama_dir, heads, plain):
+    ps = prompts(16, seed=30 + k)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads[which], num_draft_tokens=k))
+    for bs in (1, 6, 16):
+        assert [o.token_ids for o in llm.generate(ps[:bs], params)] == plain(ps[:bs], params)
+    s = llm.stats()
+    assert s["num_draft_tokens"] > 0 and len(s["accepted_per_position"]) == k
+    if which == "trained":   # acceptance exercised many times, not only rejection
+        assert s["num_accepted_tokens"] >= 20, s
+    assert llm.engine.planner.num_free_pages == llm.engine.kv_cache.num_pages
+
+
+def test_greedy_equals_transformers_with_stops_and_chunked_prefill(llama_dir, heads):
+    hf = hf_load(llama_dir)
+    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=3),
+              max_num_batched_tokens=7)   # prompts arrive in chunks the head must follow
+    for p in prompts(4, seed=41):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)[0, len(p):].tolist()
+        assert llm.generate(p, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0].token_ids == ref
+        stop_tok = ref[5]
+        out = llm.generate(p, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True,
+                                             stop_token_ids=[stop_tok]))[0]
+        assert out.token_ids == ref[:ref.index(stop_tok) + 1] and out.finish_reason == "stop"
+        text = llm.tokenizer.decode(ref)
+        out = llm.generate(p, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop=text[6:8]))[0]
+        assert out.text == text[:text.find(text[6:8])]
+    assert llm.stats()["num_accepted_tokens"] >= 5
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,draft_sampling", [
+    (1.0, 0, 1.0, True), (0.7, 0, 1.0, False), (1.3, 20, 0.9, True)])
+def test_sampled_output_follows_the_target_distribution(llama_dir, heads, temperature, top_k, top_p,
+                                                        draft_sampling):
+    prompt, n = [5, 17, 42], 1000
+    p1, p2 = exact_second_token_law(llama_dir, prompt, temperature, top_k, top_p)
+    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=3),
+              max_num_seqs=256, draft_sampling=draft_sampling)
+    outs = llm.generate([prompt] * n, [SamplingParams(max_tokens=4, temperature=temperature, top_k=top_k,
+                                                      top_p=top_p, seed=s, ignore_eos=True) for s in range(n)])
+    assert llm.stats()["num_accepted_tokens"] > 0
+    first = torch.bincount(torch.tensor([o.token_ids[0] for o in outs]), minlength=p1.numel())
+    second = torch.bincount(torch.tensor([o.token_ids[1] for o in outs]), minlength=p2.numel())
+    assert first[p1 == 0].sum() == 0 and second[p2 == 0].sum() == 0
+    assert_matches(first, p1, "first token", min_df=3)
+    assert_matches(second, p2, "second token (verified)", min_df=3)
+
+
+def _greedy(llama_dir, draft, ps, k=3):
+    """Greedy outputs, and the loaded head's output on fixed inputs (equal heads agree)."""
+    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=draft, num_draft_tokens=k))
+    out = [o.token_ids for o in llm.generate(ps, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))]
+    head = llm.engine.proposer.head
+    g = torch.Generator().manual_seed(0)
+    ids, feats = torch.randint(0, 256, (10,), generator=g), torch.randn(10, head.config.hidden_size, generator=g)
+    with torch.no_grad():
+        probe = head(ids, torch.arange(10), DenseCausalAttention(1, 10), feats)
+    return out, probe
+
+
+def test_eagle1_layout_loads_with_public_key_names(llama_dir, heads, tmp_path, plain):
+    head = random_head(llama_dir, "eagle1", seed=1)
+    d = save(head, str(tmp_path / "eagle1"), "eagle1")
+    keys = set(load_file(os.path.join(d, "model.safetensors")))
+    assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight",
+            "layers.0.post_attention_layernorm.weight"} <= keys
+    assert not any("input_layernorm" in k or "norm.weight" == k for k in keys)
+    assert load_file(os.path.join(d, "model.safetensors"))["fc.weight"].shape == (64, 128)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    assert cfg["num_hidden_layers"] == 1 and cfg["architectures"] == ["LlamaForCausalLM"]
+    ps = prompts(6, seed=3)
+    got, stats = _greedy(llama_dir, d, ps)
+    assert got == plain(ps, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    torch.testing.assert_close(stats, _greedy(llama_dir, heads["random_eagle1"], ps)[1], rtol=0, atol=0)
+
+
+def _deepseek_target(llama_dir, head, path):
+    """A copy of the target checkpoint with the head stored as model.layers.{L} (DeepSeek-V3)."""
+    shutil.copytree(llama_dir, path)
+    L = json.load(open(os.path.join(llama_dir, "config.json")))["num_hidden_layers"]
+    tmp = path + "-head"
+    save(head, tmp, "deepseek", target_num_layers=L)
+    state = load_file(os.path.join(path, "model.safetensors"))
+    extra = load_file(os.path.join(tmp, "model.safetensors"))
+    extra[f"model.layers.{L}.shared_head.head.weight"] = state["lm_head.weight"].clone()
+    save_file({**state, **extra}, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    return L, tmp
+
+
+def test_deepseek_layout_inside_the_target_and_alone(llama_dir, heads, tmp_path, plain):
+    head = random_head(llama_dir, "rmsnorm")   # same weights as heads["random"]
+    target = str(tmp_path / "target_with_mtp")
+    L, alone = _deepseek_target(llama_dir, head, target)
+    keys = set(load_file(os.path.join(alone, "model.safetensors")))
+    assert {f"model.layers.{L}.{n}" for n in ("enorm.weight", "hnorm.weight", "eh_proj.weight",
+                                              "shared_head.norm.weight", "input_layernorm.weight",
+                                              "self_attn.q_proj.weight", "mlp.gate_proj.weight")} <= keys
+    ps = prompts(6, seed=4)
+    ref_out, ref_stats = _greedy(llama_dir, heads["random"], ps)
+    for target_dir, draft in ((target, None), (llama_dir, alone)):
+        got, stats = _greedy(target_dir, draft, ps)
+        assert got == ref_out == plain(ps, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+        torch.testing.assert_close(stats, ref_stats, rtol=0, atol=0)
+
+
+def test_misfit_heads_are_refused(llama_dir, heads, tmp_path):
+    wide = tmp_path / "wide"
+    shutil.copytree(heads["random"], wide)
+    cfg = json.load(open(wide / "config.json"))
+    cfg["hidden_size"] = 96
+    json.dump(cfg, open(wide / "config.json", "w"))
+    with pytest.raises(CheckpointError, match="hidden size 96 does not match the target's 64"):
+        LLM(llama_dir, spec=SpecConfig(method="mtp", draft=str(wide)))
+    eagle = tmp_path / "eagle_vocab"
+    save(random_head(llama_dir, "eagle1"), str(eagle), "eagle1")
+    state = load_file(eagle / "model.safetensors")
+    state["embed_tokens.weight"] = torch.zeros(500, 64)
+    save_file(state, str(eagle / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="another vocabulary"):
+        LLM(llama_dir, spec=SpecConfig(method="mtp", draft=str(eagle)))
+    eagle3 = tmp_path / "eagle3"
+    shutil.copytree(heads["random"], eagle3)
+    save_file({"midlayer.hidden_norm.weight": torch.ones(64), "fc.weight": torch.zeros(64, 192)},
+              str(eagle3 / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="EAGLE-3"):
+        LLM(llama_dir, spec=SpecConfig(method="mtp", draft=str(eagle3)))
+    with pytest.raises(CheckpointError, match="MTP head directory not found"):
+        LLM(llama_dir, spec=SpecConfig(method="mtp", draft=str(tmp_path / "missing")))
+    with pytest.raises(ValueError, match="no MTP head"):   # the target holds none, none packaged for it
+        LLM(llama_dir, spec=SpecConfig(method="mtp"))
+
+
+def test_pages_return_after_random_requests_aborts_and_preemption(llama_dir, heads):
+    rng = random.Random(5)
+    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=3),
+              page_size=4, num_pages=60, max_num_seqs=8, max_num_batched_tokens=32)
+    eng, live = llm.engine, []
+    for it in range(120):
+        if rng.random() < 0.5:
+            p = [rng.randrange(256) for _ in range(rng.randint(1, 40))]
+            live.append(eng.add_request(p, SamplingParams(max_tokens=rng.randint(1, 30),
+                                                          temperature=rng.choice([0.0, 1.0]), seed=it)))
+        eng.step()
+        if live and rng.random() < 0.1:
+            eng.abort(rng.choice(live))
+        for sid in [s for s in live if eng.seqs[s].finished]:
+            live.remove(sid)
+            eng.pop_finished(sid)
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.planner.num_free_pages == 60 and not eng.proposer.state
+    assert sum(s["num_preemptions"] for s in eng.finished_stats) > 0
