@@ -112,13 +112,14 @@ def test_greedy_equals_transformers_with_stops_and_chunked_prefill(llama_dir, he
     assert llm.stats()["num_accepted_tokens"] >= 5
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p,draft_sampling", [
-    (1.0, 0, 1.0, True), (0.7, 0, 1.0, False), (1.3, 20, 0.9, True)])
+@pytest.mark.parametrize("temperature,top_k,top_p,draft_sampling,k", [
+    (1.0, 0, 1.0, True, 3), (0.7, 0, 1.0, False, 3), (1.3, 20, 0.9, True, 3), (0.8, 0, 1.0, False, 1),
+    (1.0, 30, 0.95, True, 1)])
 def test_sampled_output_follows_the_target_distribution(llama_dir, heads, temperature, top_k, top_p,
-                                                        draft_sampling):
+                                                        draft_sampling, k):
     prompt, n = [5, 17, 42], 1000
     p1, p2 = exact_second_token_law(llama_dir, prompt, temperature, top_k, top_p)
-    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=3),
+    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=k),
               max_num_seqs=256, draft_sampling=draft_sampling)
     outs = llm.generate([prompt] * n, [SamplingParams(max_tokens=4, temperature=temperature, top_k=top_k,
                                                       top_p=top_p, seed=s, ignore_eos=True) for s in range(n)])
@@ -128,6 +129,41 @@ def test_sampled_output_follows_the_target_distribution(llama_dir, heads, temper
     assert first[p1 == 0].sum() == 0 and second[p2 == 0].sum() == 0
     assert_matches(first, p1, "first token", min_df=3)
     assert_matches(second, p2, "second token (verified)", min_df=3)
+
+
+def test_single_token_schedule_has_no_host_sync_and_is_lossless(llama_dir, heads, plain, monkeypatch):
+    import sonarspec_ext.engine.engine as engine_mod
+    from sonarspec_ext.engine.sync_free import HostSyncError, forbid_host_syncs, sync_free_step
+    calls = []
+
+    def counted(*a):
+        calls.append(1)
+        return sync_free_step(*a)
+    monkeypatch.setattr(engine_mod, "sync_free_step", counted)
+    ps = prompts(16, seed=50)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=1))
+    llm.engine.sync_guard = forbid_host_syncs   # any host read of a tensor in the region raises
+    for bs in (1, 6, 16):
+        assert [o.token_ids for o in llm.generate(ps[:bs], params)] == plain(ps[:bs], params)
+    assert len(calls) > 50 and llm.stats()["num_accepted_tokens"] >= 20
+    seeded = SamplingParams(max_tokens=12, temperature=0.9, seed=3, ignore_eos=True)
+    assert len(llm.generate(ps[:4], seeded)[0].token_ids) == 12   # sampled path, same guard
+    with pytest.raises(HostSyncError):   # the guard does catch a sync
+        with forbid_host_syncs():
+            torch.tensor([1.0]).item()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_single_token_schedule_on_cuda_without_sync(llama_dir, heads):
+    from sonarspec_ext.engine.sync_free import cuda_sync_guard
+    ps = prompts(8, seed=51)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    ref = [o.token_ids for o in LLM(llama_dir, device="cuda").generate(ps, params)]
+    llm = LLM(llama_dir, device="cuda", spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=1))
+    llm.engine.sync_guard = lambda: cuda_sync_guard("cuda")
+    assert [o.token_ids for o in llm.generate(ps, params)] == ref
 
 
 def _greedy(llama_dir, draft, ps, k=3):

@@ -70,3 +70,28 @@ def test_emitted_tokens_follow_the_target(point_mass_draft):
     law = torch.stack([1 - b[0], b[0] * (1 - b[1]), b[0] * b[1]])
     assert_matches(torch.bincount(em.long(), minlength=3), law, "emitted length", min_df=2)
     assert ((out >= 0).sum(1) == em + 1).all()
+
+
+@pytest.mark.parametrize("k,sampled_q", [(1, False), (3, True), (7, False), (4, True)])
+def test_device_verification_equals_the_reference_draw_for_draw(k, sampled_q):
+    """spec.verify.verify_chain_device (vectorised, no host sync) consumes the generator
+    exactly like the reference and returns the same tokens."""
+    from sonarspec_ext.ops.reference import chain_speculative_sampling_reference
+    from sonarspec_ext.params import SamplingParams
+    from sonarspec_ext.spec.verify import verify_chain_device
+    params = SamplingParams(temperature=1.0)
+    g = torch.Generator().manual_seed(k)
+    for trial in range(200):
+        V = 5 + trial % 7
+        logits = torch.randn(k + 1, V, generator=g) * 2
+        p = logits.softmax(-1)
+        q = torch.randn(k, V, generator=g).softmax(-1) if sampled_q else None
+        ids = torch.randint(0, V, (k,), generator=g)
+        if trial % 3 == 0:   # drafts the target likes: long accepted prefixes
+            ids = p[:k].argmax(-1)
+        qq = q if sampled_q else torch.nn.functional.one_hot(ids, V).float()
+        out, _, emitted = chain_speculative_sampling_reference(qq[None], ids[None], p[None],
+                                                               torch.Generator().manual_seed(trial))
+        tokens, a = verify_chain_device(logits, ids, q, params, torch.Generator().manual_seed(trial))
+        assert int(a) == int(emitted[0])
+        assert tokens[:int(a) + 1].tolist() == out[0, :int(a) + 1].tolist()

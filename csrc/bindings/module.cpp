@@ -7,6 +7,7 @@
 
 #include "sonarspec/kv_store.h"
 #include "sonarspec/planner.h"
+#include "sonarspec/shifted_scatter.h"
 #include "sonarspec/small_gemm.h"
 #ifdef SONARSPEC_WITH_CUDA
 #include "sonarspec/device.h"
@@ -64,6 +65,25 @@ int64_t kv_store(uintptr_t k_src, uintptr_t v_src, uintptr_t k_pool, uintptr_t v
 #endif
 }
 
+int64_t shifted_scatter(uintptr_t in, uintptr_t out, uintptr_t starts, uintptr_t lens, uintptr_t next,
+                        uintptr_t accepted, int64_t num_blocks, bool on_cuda, uintptr_t stream) {
+  auto p = [](uintptr_t x) { return reinterpret_cast<const int64_t*>(x); };
+  if (!on_cuda) {
+    py::gil_scoped_release release;
+    return shifted_scatter_cpu(p(in), reinterpret_cast<int64_t*>(out), p(starts), p(lens), p(next), p(accepted),
+                               num_blocks);
+  }
+#ifdef SONARSPEC_WITH_CUDA
+  int err = shifted_scatter_cuda(p(in), reinterpret_cast<int64_t*>(out), p(starts), p(lens), p(next), p(accepted),
+                                 num_blocks, reinterpret_cast<void*>(stream));
+  if (err != 0) throw std::runtime_error(std::string("shifted_scatter CUDA launch failed: ") + cuda_error_string(err));
+  return 0;
+#else
+  (void)stream;
+  throw std::runtime_error("sonarspec was built without CUDA; shifted_scatter got CUDA tensors");
+#endif
+}
+
 void small_gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
                 int num_threads) {
   py::gil_scoped_release release;
@@ -79,6 +99,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_available", &cuda_available, "Whether a CUDA device is usable at run time.");
   m.def("small_gemm", &small_gemm, "y = x @ w^T (+ bias), float32, few rows of x (raw pointers).");
   m.def("kv_store", &kv_store, "Scatter key/value rows into paged pools (raw pointers).");
+  m.def("shifted_scatter", &shifted_scatter, "Shift token blocks left and scatter the next tokens (raw pointers).");
 
   py::class_<PlannerConfig>(m, "PlannerConfig")
       .def(py::init<>())

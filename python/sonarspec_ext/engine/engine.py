@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Union
 
@@ -24,6 +25,7 @@ from .sampler import sample
 from .sequence import Sequence
 from ..spec.factory import make_proposer, resolve_draft
 from ..spec.proposer import StepRecord
+from .sync_free import sync_free_step
 from ..spec.verify import verify_chain
 
 TIMING_KEYS = ("plan", "draft", "verify", "sample", "wait")
@@ -82,6 +84,9 @@ class Engine:
         self.timing = dict.fromkeys(TIMING_KEYS, 0.0)
         self.num_steps = 0
         self.finished_stats: List[dict] = []
+        # wraps the region of the single-token MTP schedule that must not wait for the host
+        # (``sync_free.forbid_host_syncs`` or ``cuda_sync_guard`` make a sync there raise)
+        self.sync_guard = nullcontext
 
     # ---- requests -------------------------------------------------------------------
     def add_request(self, prompt: Union[str, List[int]], params: SamplingParams) -> int:
@@ -142,7 +147,20 @@ class Engine:
         t1 = time.perf_counter()
         drafts = dict(zip((s.seq_id for s in decode), self.proposer.propose(decode, ks)))
         t2 = time.perf_counter()
-        # Target pass: prefill chunks, and for decoding sequences last token + drafts.
+        if getattr(self.proposer, "sync_free", False) and decode and len(decode) == len(batch) and all(
+                len(d.token_ids) == 1 for d in drafts.values()):
+            got_tokens = sync_free_step(self, batch, drafts)
+        else:
+            got_tokens = self._generic_step(batch, drafts)
+        self.timing["plan"] += t1 - t0
+        self.timing["draft"] += t2 - t1
+        self.num_steps += 1
+        return got_tokens
+
+    def pack(self, batch, drafts):
+        """The target's packed input for a step: prefill chunks, and for decoding sequences
+        their last token plus drafts. Returns (input_ids, positions, metadata, blocks,
+        logits_indices); a block is (seq, start, first row, n, frontier, logits offset, draft)."""
         input_ids: List[int] = []
         rows, logits_idx, blocks = [], [], []
         for seq, start, n in batch:
@@ -159,8 +177,24 @@ class Engine:
                 logits_idx.extend(range(row + n - 1, len(input_ids)))
         meta, positions = build_metadata(rows, self.config.page_size, self.device,
                                          self.model_config.sliding_window)
-        out = self.runner.forward(torch.tensor(input_ids, dtype=torch.long, device=self.device), positions,
-                                  meta, torch.tensor(logits_idx, dtype=torch.long, device=self.device),
+        t = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
+        return t(input_ids), positions, meta, blocks, t(logits_idx)
+
+    def emit(self, seq: Sequence, tokens: List[int], accepted: int, draft) -> int:
+        """Appends a step's tokens to ``seq`` and commits its verified KV; returns the
+        sequence's length before the step."""
+        n_before = seq.num_tokens
+        if draft is not None:
+            seq.record_verification(len(draft.token_ids), accepted)
+        self._append(seq, tokens)
+        if draft is not None and not seq.finished:  # KV is valid through the accepted drafts
+            self.planner.commit(seq.seq_id, n_before + accepted)
+        return n_before
+
+    def _generic_step(self, batch, drafts) -> List[Sequence]:
+        t2 = time.perf_counter()
+        ids, positions, meta, blocks, logits_idx = self.pack(batch, drafts)
+        out = self.runner.forward(ids, positions, meta, logits_idx,
                                   hidden_indices=slice(None) if self.proposer.needs_hidden else None)
         logits, hidden = out if self.proposer.needs_hidden else (out, None)
         t3 = time.perf_counter()
@@ -177,25 +211,17 @@ class Engine:
         t4 = time.perf_counter()
         records = []
         for seq, start, row, n, frontier, tokens, accepted, draft in results:
-            n_before = seq.num_tokens
-            if draft is not None:
-                seq.record_verification(len(draft.token_ids), accepted)
-            self._append(seq, tokens)
-            if seq.finished:
-                continue
-            if draft is not None:  # KV is valid through the accepted drafts
-                self.planner.commit(seq.seq_id, n_before + accepted)
-            valid = n + accepted
-            records.append(StepRecord(seq, start, n_before, draft, accepted, frontier,
-                                      None if hidden is None else hidden[row:row + valid]))
+            n_before = self.emit(seq, tokens, accepted, draft)
+            if not seq.finished:
+                records.append(StepRecord(seq, start, n_before, draft, accepted, frontier,
+                                          None if hidden is None else hidden[row:row + n + accepted]))
         t5 = time.perf_counter()
         self.proposer.after_step(records)
         t6 = time.perf_counter()
-        self.timing["plan"] += (t1 - t0) + (t5 - t4)
-        self.timing["draft"] += (t2 - t1) + (t6 - t5)
+        self.timing["plan"] += t5 - t4
+        self.timing["draft"] += t6 - t5
         self.timing["verify"] += t3 - t2
         self.timing["sample"] += t4 - t3
-        self.num_steps += 1
         return [r[0] for r in results if r[4]]
 
     # ---- post-processing ------------------------------------------------------------

@@ -45,3 +45,15 @@ def chain_speculative_sampling_reference(draft_probs: torch.Tensor, draft_token_
                 residual = target_probs[b, stop].double()
             out[b, stop] = _sample_row(residual, generator)
     return out, accepted, emitted
+
+
+def shifted_scatter_reference(input_ids, block_starts, block_lens, next_tokens, accepted):
+    """Torch reference of ops.shifted_scatter."""
+    out = input_ids.clone()
+    for s, n, t, a in zip(block_starts.tolist(), block_lens.tolist(), next_tokens.tolist(), accepted.tolist()):
+        if n < 1 or not 0 <= a < n:
+            continue
+        out[s:s + n - 1] = input_ids[s + 1:s + n]
+        out[s + n - 1] = t
+        out[s + a] = t
+    return out

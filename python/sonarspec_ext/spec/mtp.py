@@ -40,6 +40,7 @@ class MTPProposer(Proposer):
         self.planner, self.page_size, self.device = planner, page_size, device
         self.vocab_size = head.vocab_size
         self.max_draft_tokens = self.lookahead = num_draft_tokens
+        self.sync_free = num_draft_tokens == 1   # the engine may use the single-token schedule
         self.sample_drafts = sample_drafts
         self.state: Dict[int, _HeadState] = {}
 
@@ -49,6 +50,11 @@ class MTPProposer(Proposer):
 
     def reset(self, seq) -> None:
         self.state.pop(seq.seq_id, None)
+
+    def carry(self, seq, valid: int, logits: torch.Tensor, feature: torch.Tensor) -> None:
+        """Head KV is accurate for positions < ``valid``; ``logits``/``feature`` come from the
+        head at position valid - 1 (set by the single-token schedule)."""
+        self.state[seq.seq_id] = _HeadState(valid, logits, feature)
 
     def run_head(self, rows: List[Tuple[object, int, List[int], torch.Tensor]]):
         """One head forward over (seq, start position, tokens t_{i+1}, features h_i) rows ->

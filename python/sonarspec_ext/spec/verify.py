@@ -1,31 +1,50 @@
-"""Verifies one sequence's drafted chain against its target logits."""
+"""Verifies one sequence's drafted chain against its target logits.
+
+``verify_chain_device`` keeps everything on the device (no host synchronisation) and
+draws its randomness exactly as ``ops.reference.chain_speculative_sampling_reference``
+does for one row: K float64 uniforms, then one exponential race over the vocabulary.
+"""
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
 import torch
 
-from ..engine.sampler import processed_probs, sample_from_probs
-from ..ops.speculative import chain_speculative_sampling, greedy_verify
+from ..engine.sampler import processed_probs
 from .proposer import Draft
+
+
+def verify_chain_device(target_logits: torch.Tensor, draft_ids: torch.Tensor, draft_probs: Optional[torch.Tensor],
+                        params, generator: Optional[torch.Generator]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``target_logits`` (k + 1, V) float32 at the sequence's last token and each draft;
+    ``draft_ids`` (k,) int64; ``draft_probs`` (k, V) or None for point-mass drafts.
+    Returns device tensors (tokens (k + 1,), accepted ()): the emitted tokens are
+    ``tokens[:accepted + 1]``, the last being the correction or bonus token."""
+    k, V = draft_ids.shape[0], target_logits.shape[-1]
+    if params.greedy:
+        best = target_logits.argmax(-1)
+        return best, (draft_ids == best[:k]).long().cumprod(0).sum()
+    p = processed_probs(target_logits, params)
+    q = draft_probs if draft_probs is not None else torch.nn.functional.one_hot(draft_ids, V).float()
+    u = torch.rand(k, dtype=torch.float64, generator=generator, device=p.device)
+    px = p[:k].gather(1, draft_ids[:, None])[:, 0].double()
+    qx = q.gather(1, draft_ids[:, None])[:, 0].double()
+    accepted = (u * qx < px).long().cumprod(0).sum()
+    row_p = p.index_select(0, accepted.view(1))[0].double()
+    row_q = torch.cat([q, q.new_zeros(1, V)]).index_select(0, accepted.view(1))[0].double()  # no q: bonus
+    residual = (row_p - row_q).clamp_min(0)
+    residual = torch.where(residual.sum() > 0, residual, row_p)   # p == q up to rounding
+    e = torch.empty_like(residual).exponential_(generator=generator)
+    tok = (residual / e).argmax()
+    tokens = torch.cat([draft_ids, draft_ids.new_zeros(1)]).scatter(0, accepted.view(1), tok.view(1))
+    return tokens, accepted
 
 
 def verify_chain(target_logits: torch.Tensor, draft: Draft, params,
                  generator: Optional[torch.Generator]) -> Tuple[List[int], int]:
-    """``target_logits``: (len(draft) + 1, vocab_size) float32, the target's logits at the
-    sequence's last token and at every draft token. Returns (emitted token ids, number of
-    accepted drafts); between 1 and len(draft) + 1 tokens are emitted."""
-    k = len(draft.token_ids)
-    if params.greedy:
-        return greedy_verify(torch.tensor(draft.token_ids, dtype=torch.long), target_logits.argmax(-1))
-    p = processed_probs(target_logits, params)
-    if k == 0:
-        return [int(sample_from_probs(p, generator)[0])], 0
-    ids = torch.tensor([draft.token_ids], dtype=torch.long)
-    if draft.probs is None:
-        q = torch.nn.functional.one_hot(ids[0], p.shape[-1]).float()
-    else:
-        q = draft.probs
-    out, _, emitted = chain_speculative_sampling(q.unsqueeze(0), ids, p.unsqueeze(0), generator=generator)
-    a = int(emitted[0])
-    return out[0, :a + 1].tolist(), a
+    """Host-side result of ``verify_chain_device``: (emitted token ids, number of accepted
+    drafts); between 1 and len(draft) + 1 tokens are emitted."""
+    ids = torch.tensor(draft.token_ids, dtype=torch.long, device=target_logits.device)
+    tokens, accepted = verify_chain_device(target_logits, ids, draft.probs, params, generator)
+    a = int(accepted)
+    return tokens[:a + 1].tolist(), a

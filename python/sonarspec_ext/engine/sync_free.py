@@ -1,0 +1,87 @@
+"""The single-token MTP schedule, without a host sync between verification and the head re-run.
+
+Every sequence of the batch decodes with one draft, so the target verifies 2 x D
+tokens. Acceptance and the next token are decided on the device, ``ops.shifted_scatter``
+builds the head's input tokens from the target's, and the head re-runs over both
+positions of every sequence with the target's own batch metadata (on a rejected draft
+the second position is wasted work, overwritten next step). Only then does the host
+read the accepted counts; on a GPU that read overlaps the head's run.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import List
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..ops import shifted_scatter
+from ..spec.verify import verify_chain_device
+
+_SYNCING = {"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__", "__array__"}
+
+
+class HostSyncError(RuntimeError):
+    """A tensor was read by the host inside a region that must not wait for the device."""
+
+
+class forbid_host_syncs(TorchFunctionMode):
+    """Raises ``HostSyncError`` on any tensor read by the host (item, tolist, bool(), int(),
+    indexing with a tensor scalar, numpy, cpu) - works on every device."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in _SYNCING:
+            raise HostSyncError(f"host synchronisation ({name}) inside a sync-free region")
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def cuda_sync_guard(device):
+    """``torch.cuda.set_sync_debug_mode('error')`` for the region on CUDA devices."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    old = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(old)
+
+
+def sync_free_step(engine, batch, drafts) -> List:
+    proposer = engine.proposer
+    t0 = time.perf_counter()
+    ids, positions, meta, blocks, logits_idx = engine.pack(batch, drafts)
+    logits, hidden = engine.runner.forward(ids, positions, meta, logits_idx, hidden_indices=slice(None))
+    starts = torch.tensor([b[2] for b in blocks], dtype=torch.long, device=ids.device)
+    t1 = time.perf_counter()
+    with engine.sync_guard():
+        tokens, accepted = [], []
+        for seq, start, row, n, frontier, offset, draft in blocks:
+            t, a = verify_chain_device(logits[offset:offset + 2], ids[row + 1:row + 2], draft.probs, seq.params,
+                                       seq.generator)
+            tokens.append(t)
+            accepted.append(a)
+        tokens, accepted = torch.stack(tokens), torch.stack(accepted)
+        next_tokens = tokens.gather(1, accepted[:, None])[:, 0]
+        t2 = time.perf_counter()
+        head_ids = shifted_scatter(ids, starts, torch.full_like(starts, 2), next_tokens, accepted)
+        carried = starts + accepted   # the head row at each sequence's last accurate position
+        head_logits, head_feats = proposer.runner.forward(head_ids, positions, meta, carried,
+                                                          hidden_indices=carried, features=hidden)
+    t3 = time.perf_counter()
+    accepted_host, tokens_host = accepted.tolist(), tokens.tolist()   # the host learns the lengths here
+    for b, (seq, start, row, n, frontier, offset, draft) in enumerate(blocks):
+        a = accepted_host[b]
+        n_before = engine.emit(seq, tokens_host[b][:a + 1], a, draft)
+        if not seq.finished:
+            proposer.carry(seq, n_before + a, head_logits[b], head_feats[b])
+    t4 = time.perf_counter()
+    engine.timing["verify"] += t1 - t0
+    engine.timing["sample"] += t2 - t1
+    engine.timing["draft"] += t3 - t2
+    engine.timing["wait"] += t4 - t3
+    return [b[0] for b in blocks]
