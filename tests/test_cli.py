@@ -35,3 +35,19 @@ def test_bench_compares_with_transformers(llama_dir, tmp_path):
     assert [row["batch_size"] for row in info["results"]] == [1, 2]
     assert info["results"][0]["greedy_agreement"] == "1/1"
     assert all(row["sonarspec_tok_s"] > 0 and row["transformers_tok_s"] > 0 for row in info["results"])
+
+
+def test_bench_spec_mtp_runs_every_scheme_in_one_run(llama_dir, draft_dir, tmp_path):
+    from mtp_fixtures import random_head, save
+    head = save(random_head(llama_dir), str(tmp_path / "head"))
+    out = tmp_path / "spec.json"
+    r = run_cli("bench", "--spec", "mtp", "--model", llama_dir, "--draft", draft_dir, "--mtp", head, "--ks", "2",
+                "--mtp-ks", "1", "2", "--batch-sizes", "1", "--max-tokens", "8", "--repeats", "2",
+                "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert [row["scheme"] for row in rows] == ["plain", "draft_target K=2", "mtp K=1", "mtp K=2"]
+    assert all(row["tok_s"] > 0 and row["tau"] >= 1 for row in rows)
+    assert len(rows[3]["accepted_per_position"]) == 2
+    r = run_cli("bench", "--spec", "mtp", "--model", llama_dir, "--draft", draft_dir, "--mtp", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "MTP head directory not found" in r.stderr

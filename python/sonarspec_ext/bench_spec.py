@@ -1,11 +1,14 @@
 """Speculative decoding benchmark on the packaged models (or any target/draft pair).
 
 One process, one run, same prompts: plain decoding, draft_target at several K, ngram,
-and transformers generate / assisted generation (``assistant_model`` = the same draft).
+MTP heads at several K, and transformers generate / assisted generation
+(``assistant_model`` = the same draft).
 Greedy throughout; every scheme's output is checked equal to plain decoding first.
 """
 from __future__ import annotations
 
+import statistics
+import time
 from typing import List, Optional
 
 import torch
@@ -34,38 +37,59 @@ def _run_llm(llm: LLM, prompts: List[str], params: SamplingParams, batch_size: i
     return out
 
 
-def bench_spec(target: str = "default", draft: str = "default", ks=(2, 4, 6), batch_sizes=(1, 8),
+def _schemes(draft_dir: Optional[str], mtp_dir: Optional[str], ks, mtp_ks, with_ngram: bool):
+    out = [("plain", SpecConfig())]
+    if draft_dir:
+        out += [(f"draft_target K={k}", SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=k))
+                for k in ks]
+    if with_ngram:
+        out.append(("ngram K=4", SpecConfig(method="ngram", num_draft_tokens=4)))
+    if mtp_dir:
+        out += [(f"mtp K={k}", SpecConfig(method="mtp", draft=mtp_dir, num_draft_tokens=k)) for k in mtp_ks]
+    return out
+
+
+def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2, 4, 6), batch_sizes=(1, 8),
                max_tokens: int = 96, repeats: int = 3, with_transformers: bool = True,
-               threads: Optional[int] = None) -> dict:
+               threads: Optional[int] = None, mtp: Optional[str] = None, mtp_ks=(1, 2, 3, 4),
+               with_ngram: bool = True) -> dict:
+    """Every scheme on the same prompts in one process. Each scheme's greedy output is
+    first checked equal to plain decoding; timing rounds are interleaved across schemes
+    (round r times every scheme once) so machine noise hits all of them alike; the
+    reported time is each scheme's median over the rounds."""
     if threads:
         torch.set_num_threads(threads)
-    target_dir, draft_dir = resolve(target, "target"), resolve(draft, "draft")
+    target_dir = resolve(target, "target")
+    draft_dir = resolve(draft, "draft") if draft else None
+    mtp_dir = resolve(mtp, "mtp") if mtp else None
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    schemes = [("plain", SpecConfig())] + [
-        (f"draft_target K={k}", SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=k)) for k in ks
-    ] + [("ngram K=4", SpecConfig(method="ngram", num_draft_tokens=4))]
+    schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram)
     llms = {name: LLM(target_dir, spec=spec) for name, spec in schemes}
     rows = []
     for bs in batch_sizes:
         ref = [o.token_ids for o in _run_llm(llms["plain"], PROMPTS, params, bs)]
-        base = None
         for name, _ in schemes:
-            llm = llms[name]
-            got = [o.token_ids for o in _run_llm(llm, PROMPTS, params, bs)]
-            if got != ref:
+            if [o.token_ids for o in _run_llm(llms[name], PROMPTS, params, bs)] != ref:
                 raise RuntimeError(f"{name} output differs from plain greedy decoding; not timing")
-            llm.engine.finished_stats.clear()
-            t = median_time(lambda: _run_llm(llm, PROMPTS, params, bs), repeats)
-            s = llm.stats()
-            tok_s = len(PROMPTS) * max_tokens / t
-            base = base or tok_s
+            llms[name].engine.finished_stats.clear()
+        times = {name: [] for name, _ in schemes}
+        for _ in range(repeats):
+            for name, _ in schemes:
+                t0 = time.perf_counter()
+                _run_llm(llms[name], PROMPTS, params, bs)
+                times[name].append(time.perf_counter() - t0)
+        base = len(PROMPTS) * max_tokens / statistics.median(times["plain"])
+        for name, _ in schemes:
+            s = llms[name].stats()
+            tok_s = len(PROMPTS) * max_tokens / statistics.median(times[name])
             rows.append({"batch_size": bs, "scheme": name, "tok_s": round(tok_s, 1),
                          "speedup": round(tok_s / base, 3), "tau": round(s["acceptance_length"], 3),
                          "accepted_per_position": [round(a, 3) for a in s["accepted_per_position"]]})
-        if with_transformers and bs == 1:
+        if with_transformers and bs == 1 and draft_dir:
             rows += _bench_transformers(target_dir, draft_dir, ref, max_tokens, repeats, base)
-    return {"target": target_dir, "draft": draft_dir, "max_tokens": max_tokens, "num_prompts": len(PROMPTS),
-            "repeats": repeats, "threads": torch.get_num_threads(), "torch": torch.__version__, "results": rows}
+    return {"target": target_dir, "draft": draft_dir, "mtp": mtp_dir, "max_tokens": max_tokens,
+            "num_prompts": len(PROMPTS), "repeats": repeats, "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "results": rows}
 
 
 def _bench_transformers(target_dir, draft_dir, ref, max_tokens, repeats, base) -> list:
@@ -94,8 +118,9 @@ def _bench_transformers(target_dir, draft_dir, ref, max_tokens, repeats, base) -
 
 
 def print_spec_table(info: dict) -> None:
-    print(f"target {info['target']}\ndraft  {info['draft']}\n{info['num_prompts']} prompts x {info['max_tokens']} "
-          f"tokens, greedy, median of {info['repeats']}, {info['threads']} threads")
+    print(f"target {info['target']}\ndraft  {info['draft']}\nmtp    {info.get('mtp')}")
+    print(f"{info['num_prompts']} prompts x {info['max_tokens']} tokens, greedy, median of {info['repeats']} "
+          f"interleaved rounds, {info['threads']} threads")
     print(f"{'batch':>5}  {'scheme':<22} {'tok/s':>8} {'vs plain':>8} {'tau':>6}  per-position acceptance")
     for r in info["results"]:
         tau = f"{r['tau']:.2f}" if "tau" in r else "-"

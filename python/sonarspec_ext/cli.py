@@ -25,22 +25,32 @@ def _generate(args) -> int:
     return 0
 
 
+def _packaged(name: str) -> bool:
+    from .assets import path
+    try:
+        path(name)
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def _bench(args) -> int:
     from .bench import bench_decode, print_table, write_json
-    if args.spec == "all":
+    if args.spec in ("all", "mtp"):
         from .bench_spec import bench_spec, plot_spec, print_spec_table
         target = "default" if args.model == "synthetic-30m" else args.model
+        mtp = args.mtp if args.mtp != "default" or _packaged("mtp") else None
+        if args.spec == "mtp" and mtp is None:
+            raise ValueError("--spec mtp needs an MTP head: pass --mtp DIR (no packaged head is installed)")
+        full = args.spec == "all"
         info = bench_spec(target, args.draft, args.ks, args.batch_sizes, args.max_tokens, args.repeats,
-                          not args.no_transformers, args.threads)
+                          full and not args.no_transformers, args.threads, mtp, args.mtp_ks, with_ngram=full)
         print_spec_table(info)
         if args.json:
             write_json(info, args.json)
         if args.plot and not plot_spec(info, args.plot):
             print("bench: matplotlib is not installed; no chart written", file=sys.stderr)
         return 0
-    if args.spec != "none":
-        print(f"bench: --spec must be 'none' (plain decoding vs transformers) or 'all'", file=sys.stderr)
-        return 2
     info = bench_decode(None if args.model == "synthetic-30m" else args.model, args.batch_sizes,
                         args.prompt_len, args.max_tokens, args.repeats, args.threads,
                         with_transformers=not args.no_transformers)
@@ -107,12 +117,15 @@ def main(argv=None) -> int:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.set_defaults(func=_generate)
     b = sub.add_parser("bench", help="decode speed vs transformers on the same weights")
-    b.add_argument("--spec", default="none", choices=["none", "all"],
-                   help="none: plain decoding vs transformers; all: every speculation scheme on the target")
+    b.add_argument("--spec", default="none", choices=["none", "all", "mtp"],
+                   help="none: plain decoding vs transformers; all: every speculation scheme on the target; "
+                        "mtp: plain, draft_target and MTP heads")
     b.add_argument("--model", default="synthetic-30m",
                    help="HF model dir, or synthetic-30m (random 30M Llama; with --spec all: the packaged target)")
     b.add_argument("--draft", default="default", help="draft model for --spec all")
-    b.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6], help="draft lengths for --spec all")
+    b.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6], help="draft_target draft lengths")
+    b.add_argument("--mtp", default="default", help="MTP head dir for --spec all/mtp ('default': packaged head)")
+    b.add_argument("--mtp-ks", type=int, nargs="+", default=[1, 2, 3, 4], help="MTP draft lengths")
     b.add_argument("--plot", default=None, help="write a PNG chart (--spec all; needs matplotlib)")
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--prompt-len", type=int, default=32)
