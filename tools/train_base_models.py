@@ -11,7 +11,6 @@ seeded and resumable; each exported directory gets a ``training.json``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -29,6 +28,7 @@ from sonarspec_ext.layers.attention import DenseCausalAttention  # noqa: E402
 from sonarspec_ext.models.config import ModelConfig  # noqa: E402
 from sonarspec_ext.models.llama import LlamaForCausalLM  # noqa: E402
 from sonarspec_ext.models.loader import save_model  # noqa: E402
+from sonarspec_ext.training.data import is_validation  # noqa: E402  (about 5% of files)
 
 EOT = "<|endoftext|>"
 TEST_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "testing"}
@@ -53,10 +53,6 @@ def corpus_files(root: str):
                 full = os.path.join(dirpath, f)
                 out.append((os.path.relpath(full, root), full))
     return out
-
-
-def is_validation(rel: str) -> bool:
-    return int(hashlib.sha256(rel.encode()).hexdigest(), 16) % 20 == 0  # about 5%
 
 
 def read_corpus(root: str):
