@@ -6,6 +6,7 @@
 #include <string>
 
 #include "sonarspec/kv_store.h"
+#include "sonarspec/paged_attention.h"
 #include "sonarspec/planner.h"
 #include "sonarspec/shifted_scatter.h"
 #include "sonarspec/small_gemm.h"
@@ -84,6 +85,18 @@ int64_t shifted_scatter(uintptr_t in, uintptr_t out, uintptr_t starts, uintptr_t
 #endif
 }
 
+int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr_t kv_slots, int64_t max_kv_len,
+                        uintptr_t token_seq, uintptr_t key_begin, uintptr_t key_end, uintptr_t out,
+                        int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                        int64_t num_slots, float scale, int num_threads) {
+  py::gil_scoped_release release;
+  auto f = [](uintptr_t x) { return reinterpret_cast<const float*>(x); };
+  auto i = [](uintptr_t x) { return reinterpret_cast<const int64_t*>(x); };
+  return paged_attention_cpu(f(q), f(k_pool), f(v_pool), i(kv_slots), max_kv_len, i(token_seq), i(key_begin),
+                             i(key_end), reinterpret_cast<float*>(out), num_tokens, num_heads, num_kv_heads,
+                             head_dim, num_slots, scale, num_threads);
+}
+
 void small_gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
                 int num_threads) {
   py::gil_scoped_release release;
@@ -99,6 +112,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_available", &cuda_available, "Whether a CUDA device is usable at run time.");
   m.def("small_gemm", &small_gemm, "y = x @ w^T (+ bias), float32, few rows of x (raw pointers).");
   m.def("kv_store", &kv_store, "Scatter key/value rows into paged pools (raw pointers).");
+  m.def("paged_attention", &paged_attention, "Small-query paged attention on the CPU, float32 (raw pointers).");
   m.def("shifted_scatter", &shifted_scatter, "Shift token blocks left and scatter the next tokens (raw pointers).");
 
   py::class_<PlannerConfig>(m, "PlannerConfig")

@@ -6,9 +6,23 @@ import sys
 import time
 
 
+def _auto_spec(model: str) -> str:
+    """MTP when a head is at hand (the packaged target's, or one inside the checkpoint), else none."""
+    if model == "default":
+        return "mtp" if _packaged("mtp") else "none"
+    from .models.loader import weight_files
+    from .models.mtp_loader import detect_format
+    try:
+        detect_format(weight_files(model))
+        return "mtp"
+    except ValueError:
+        return "none"
+
+
 def _generate(args) -> int:
     from . import LLM, SamplingParams, SpecConfig
-    spec = SpecConfig(method=args.spec, draft=args.draft, num_draft_tokens=args.num_draft_tokens)
+    method = _auto_spec(args.model) if args.spec == "auto" else args.spec
+    spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=args.num_draft_tokens)
     llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
@@ -20,7 +34,7 @@ def _generate(args) -> int:
     dt = time.perf_counter() - t0
     s = llm.stats()
     n = s["num_output_tokens"]
-    print(f"\n--- {n} tokens in {dt:.2f}s ({n / dt:.1f} tok/s), spec={args.spec}, "
+    print(f"\n--- {n} tokens in {dt:.2f}s ({n / dt:.1f} tok/s), spec={method}, "
           f"acceptance length {s['acceptance_length']:.2f}", file=sys.stderr)
     return 0
 
@@ -104,9 +118,10 @@ def main(argv=None) -> int:
     g = sub.add_parser("generate", help="generate a continuation of PROMPT")
     g.add_argument("prompt")
     g.add_argument("--model", default="default", help="HF model directory or 'default' (packaged target)")
-    g.add_argument("--spec", default="none", choices=["none", "draft_target", "mtp", "eagle_tree", "ngram"])
-    g.add_argument("--draft", default="default")
-    g.add_argument("--num-draft-tokens", type=int, default=4)
+    g.add_argument("--spec", default="auto", choices=["auto", "none", "draft_target", "mtp", "ngram"],
+                   help="auto: MTP when the model has a head (the packaged target does), else none")
+    g.add_argument("--draft", default="default", help="draft model or MTP head dir ('default': packaged)")
+    g.add_argument("--num-draft-tokens", type=int, default=3)
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)

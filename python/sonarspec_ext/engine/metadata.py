@@ -8,6 +8,10 @@ import torch
 
 from ..layers.attention import PagedAttentionMetadata
 
+# Steps with at most this many query tokens (and no custom masks) may use the native
+# CPU attention kernel; longer prefills go to torch's SDPA.
+NATIVE_ATTENTION_MAX_TOKENS = 64
+
 
 def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: int, device,
                    sliding_window: Optional[int] = None,
@@ -30,6 +34,8 @@ def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: in
     positions = np.empty(int(q_lens.sum()), dtype=np.int64)
     slot_mapping = np.empty_like(positions)
     output_index = np.empty_like(positions)
+    token_seq = np.empty_like(positions)
+    key_end = np.empty_like(positions)
     offset = 0
     for b, (start, n, table) in enumerate(seqs):
         kv_len = start + n
@@ -42,6 +48,8 @@ def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: in
         slot_mapping[offset:offset + n] = slots[start:]
         query_index[b, :n] = np.arange(offset, offset + n)
         output_index[offset:offset + n] = b * q_max + np.arange(n)
+        token_seq[offset:offset + n] = b
+        key_end[offset:offset + n] = pos[start:] + 1
         offset += n
     uniform = bool((q_lens == 1).all() and (kv_lens == kv_max).all()) and sliding_window is None
     mask = None
@@ -59,7 +67,11 @@ def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: in
             m[b, n:, 0] = True  # padded query rows see one key so softmax stays finite
         mask = torch.from_numpy(m).unsqueeze(1).to(device)
     t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    native = None
+    if query_masks is None and len(positions) <= NATIVE_ATTENTION_MAX_TOKENS and torch.device(device).type == "cpu":
+        key_begin = np.maximum(key_end - sliding_window, 0) if sliding_window is not None else np.zeros_like(key_end)
+        native = (t(token_seq), t(key_begin), t(key_end))
     meta = PagedAttentionMetadata(slot_mapping=t(slot_mapping), query_index=t(query_index),
                                   kv_slots=t(kv_slots), mask=mask, output_index=t(output_index),
-                                  uniform_queries=bool((q_lens == q_max).all()))
+                                  uniform_queries=bool((q_lens == q_max).all()), native=native)
     return meta, t(positions)

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..ops import kv_store
+from ..ops import kv_store, paged_attention
 
 
 class AttentionBackend:
@@ -47,6 +47,8 @@ class PagedAttentionMetadata:
                     holding each packed token.
     uniform_queries: every sequence has max_query_len queries, so the packed tokens are
                     already a (batch_size, max_query_len) grid and no gather is needed.
+    native:         (token_seq, key_begin, key_end), each (num_tokens,): for small CPU steps
+                    without custom masks, the key range of every query for ``ops.paged_attention``.
     """
     slot_mapping: torch.Tensor
     query_index: torch.Tensor
@@ -54,11 +56,13 @@ class PagedAttentionMetadata:
     mask: Optional[torch.Tensor]
     output_index: torch.Tensor
     uniform_queries: bool = False
+    native: Optional[tuple] = None
 
 
 class TorchPagedAttention(AttentionBackend):
-    """Paged attention in plain torch (CPU and CUDA): writes new K/V into the page pool,
-    gathers each sequence's cached K/V and runs one masked SDPA for the whole batch."""
+    """Paged attention (CPU and CUDA): writes new K/V into the page pool, then for small
+    float32 CPU steps runs the native kernel on the pool directly; otherwise gathers each
+    sequence's cached K/V and runs one masked SDPA for the whole batch."""
 
     def __init__(self, kv_cache, meta: PagedAttentionMetadata):
         self.kv_cache, self.meta = kv_cache, meta
@@ -68,6 +72,8 @@ class TorchPagedAttention(AttentionBackend):
         k_pool, v_pool = self.kv_cache.layer(layer_idx)
         kv_store(k_pool, v_pool, k.to(k_pool.dtype).contiguous(), v.to(v_pool.dtype).contiguous(),
                  m.slot_mapping)
+        if m.native is not None and q.dtype == torch.float32 and k_pool.dtype == torch.float32:
+            return paged_attention(q.contiguous(), k_pool, v_pool, m.kv_slots, *m.native, q.shape[-1] ** -0.5)
         B, Lq = m.query_index.shape
         qb = q.view(B, Lq, *q.shape[1:]) if m.uniform_queries else q[m.query_index]
         qb = qb.transpose(1, 2)                                      # (B, H, Lq, D)

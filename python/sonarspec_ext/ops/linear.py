@@ -33,6 +33,11 @@ def native_gemm_threads():
         _native_threads.reset(token)
 
 
+def native_threads() -> int:
+    """Threads for a native CPU kernel: torch's count, also inside ``native_gemm_threads``."""
+    return _native_threads.get() or torch.get_num_threads()
+
+
 def uses_native_gemm(num_rows: int, device: torch.device, dtype: torch.dtype) -> bool:
     return 0 < num_rows <= SMALL_M_MAX_ROWS and device.type == "cpu" and dtype == torch.float32
 
@@ -50,6 +55,6 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         xc = x.contiguous()
         out = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32)
         _C.small_gemm(xc.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
-                      rows, weight.shape[0], weight.shape[1], _native_threads.get() or torch.get_num_threads())
+                      rows, weight.shape[0], weight.shape[1], native_threads())
         return out
     return F.linear(x, weight, bias)

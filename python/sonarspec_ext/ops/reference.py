@@ -57,3 +57,20 @@ def shifted_scatter_reference(input_ids, block_starts, block_lens, next_tokens, 
         out[s + n - 1] = t
         out[s + a] = t
     return out
+
+
+def paged_attention_reference(q, k_pool, v_pool, kv_slots, token_seq, key_begin, key_end, scale):
+    """Torch reference of ops.paged_attention (float64 softmax, one token at a time)."""
+    T, H, D = q.shape
+    group = H // k_pool.shape[1]
+    out = torch.zeros(T, H, D, dtype=torch.float64)
+    for t in range(T):
+        lo, hi = max(0, int(key_begin[t])), min(int(key_end[t]), kv_slots.shape[1])
+        if lo >= hi:
+            continue
+        slots = kv_slots[int(token_seq[t]), lo:hi]
+        k = k_pool[slots].double().repeat_interleave(group, dim=1)   # (n, H, D)
+        v = v_pool[slots].double().repeat_interleave(group, dim=1)
+        w = torch.einsum("hd,nhd->hn", q[t].double(), k).mul(scale).softmax(-1)
+        out[t] = torch.einsum("hn,nhd->hd", w, v)
+    return out.reshape(T, H * D).float()

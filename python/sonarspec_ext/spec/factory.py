@@ -1,6 +1,7 @@
 """Builds the proposer for a ``SpecConfig`` and checks draft/target compatibility."""
 from __future__ import annotations
 
+import os
 from typing import Optional, Tuple
 
 from ..assets import path as asset_path, resolve
@@ -44,7 +45,7 @@ def resolve_draft(spec: SpecConfig, target_dir: str, target_tokenizer: Tokenizer
 
 def _mtp_dir(spec: SpecConfig, target_dir: str) -> str:
     """``draft=DIR`` as given; otherwise an MTP layer inside the target checkpoint
-    (DeepSeek-V3 style), else the packaged head."""
+    (DeepSeek-V3 style), else - for the packaged target - the packaged head."""
     if spec.draft not in (None, "default"):
         return spec.draft
     try:
@@ -53,10 +54,12 @@ def _mtp_dir(spec: SpecConfig, target_dir: str) -> str:
     except ValueError:
         pass
     try:
-        return asset_path("mtp")
+        if os.path.samefile(target_dir, asset_path("target")):
+            return asset_path("mtp")
     except FileNotFoundError:
-        raise ValueError(f"no MTP head: {target_dir} holds no MTP layer and no packaged head is installed; "
-                         f"pass SpecConfig(method='mtp', draft=DIR)") from None
+        pass
+    raise ValueError(f"no MTP head for {target_dir}: the checkpoint holds no MTP layer and the packaged head "
+                     f"belongs to the packaged target; pass SpecConfig(method='mtp', draft=DIR)")
 
 
 def make_proposer(spec: SpecConfig, draft_dir: Optional[str], target, planner, num_pages: int, page_size: int,

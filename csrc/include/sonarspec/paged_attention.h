@@ -1,0 +1,23 @@
+// Paged attention for small query counts (decode, verification chains, short prefill
+// chunks) on the CPU, float32. Each query token reads its sequence's keys straight from
+// the page pool through kv_slots, so no K/V gather or mask tensor is materialised.
+// Framework free: raw pointers and sizes.
+#pragma once
+
+#include <cstdint>
+
+namespace sonarspec {
+
+// q, out: (num_tokens, num_heads, head_dim); k_pool, v_pool: (num_slots, num_kv_heads,
+// head_dim); kv_slots: (batch_size, max_kv_len) slot of each cached position;
+// token_seq: (num_tokens,) row of kv_slots for each query; query token t attends to
+// positions [key_begin[t], key_end[t]) of its sequence (causal limit and sliding window).
+// Query heads map to KV heads in groups (GQA). Returns the number of tokens with an
+// empty or out-of-range key range (their output is zero).
+int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_pool,
+                            const int64_t* kv_slots, int64_t max_kv_len, const int64_t* token_seq,
+                            const int64_t* key_begin, const int64_t* key_end, float* out,
+                            int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
+                            int64_t head_dim, int64_t num_slots, float scale, int num_threads);
+
+}  // namespace sonarspec

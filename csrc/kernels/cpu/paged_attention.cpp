@@ -1,0 +1,85 @@
+// One task per (query token, head): a single pass over the visible keys with an online
+// softmax (running max, rescaled sums), accumulating the value rows in float.
+#include "sonarspec/paged_attention.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "sonarspec/thread_pool.h"
+
+namespace sonarspec {
+namespace {
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += a[i] * b[i];
+    s1 += a[i + 1] * b[i + 1];
+    s2 += a[i + 2] * b[i + 2];
+    s3 += a[i + 3] * b[i + 3];
+  }
+  for (; i < n; ++i) s0 += a[i] * b[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
+}  // namespace
+
+int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_pool,
+                            const int64_t* kv_slots, int64_t max_kv_len, const int64_t* token_seq,
+                            const int64_t* key_begin, const int64_t* key_end, float* out,
+                            int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
+                            int64_t head_dim, int64_t num_slots, float scale, int num_threads) {
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t row = num_kv_heads * head_dim;
+  std::atomic<int64_t> bad{0};
+  auto task = [&](int64_t item) {
+    const int64_t t = item / num_heads, h = item % num_heads, kvh = h / group;
+    const float* qv = q + (t * num_heads + h) * head_dim;
+    float* o = out + (t * num_heads + h) * head_dim;
+    std::fill(o, o + head_dim, 0.f);
+    const int64_t b = token_seq[t];
+    const int64_t lo = std::max<int64_t>(0, key_begin[t]), hi = std::min(key_end[t], max_kv_len);
+    if (lo >= hi) { bad.fetch_add(1); return; }
+    const int64_t* slots = kv_slots + b * max_kv_len;
+    float m = -INFINITY, l = 0.f;
+    for (int64_t j = lo; j < hi; ++j) {
+      const int64_t s = slots[j];
+      if (s < 0 || s >= num_slots) continue;
+      const float x = dot(qv, k_pool + s * row + kvh * head_dim, head_dim) * scale;
+      const float* v = v_pool + s * row + kvh * head_dim;
+      if (x > m) {  // new running max: rescale what was accumulated so far
+        const float c = std::exp(m - x);
+        l *= c;
+        for (int64_t d = 0; d < head_dim; ++d) o[d] *= c;
+        m = x;
+      }
+      const float p = std::exp(x - m);
+      l += p;
+      for (int64_t d = 0; d < head_dim; ++d) o[d] += p * v[d];
+    }
+    if (l > 0.f) {
+      const float inv = 1.f / l;
+      for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
+    } else {
+      bad.fetch_add(1);
+    }
+  };
+  const int64_t items = num_tokens * num_heads;
+  int64_t work = 0;  // visible keys summed over tokens: decides whether threads pay off
+  for (int64_t t = 0; t < num_tokens; ++t) work += std::max<int64_t>(0, key_end[t] - key_begin[t]);
+  const int threads = work * num_heads * head_dim >= (1 << 16) ? std::max(1, num_threads) : 1;
+  if (threads == 1 || items == 1) {
+    for (int64_t i = 0; i < items; ++i) task(i);
+  } else {
+    const int tasks = static_cast<int>(std::min<int64_t>(items, 4 * threads));
+    ThreadPool::global().run(tasks, threads, [&](int k) {
+      for (int64_t i = k; i < items; i += tasks) task(i);
+    });
+  }
+  return bad.load() / num_heads;
+}
+
+}  // namespace sonarspec

@@ -1,0 +1,37 @@
+"""Paged attention for small query counts, native on the CPU (float32)."""
+from __future__ import annotations
+
+import torch
+
+from .. import _C
+from .checks import check_tensor
+from .linear import native_threads
+
+
+def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_slots: torch.Tensor,
+                    token_seq: torch.Tensor, key_begin: torch.Tensor, key_end: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """q (num_tokens, num_heads, head_dim) float32 CPU; k_pool, v_pool (num_slots,
+    num_kv_heads, head_dim); kv_slots (batch_size, max_kv_len) int64; token_seq, key_begin,
+    key_end (num_tokens,) int64: query t attends to positions [key_begin[t], key_end[t])
+    of sequence token_seq[t]. Returns (num_tokens, num_heads * head_dim)."""
+    check_tensor("q", q, dtypes=(torch.float32,), ndim=3)
+    if q.device.type != "cpu":
+        raise ValueError(f"paged_attention runs on the CPU; q is on {q.device}")
+    T, H, D = q.shape
+    for name, t in (("k_pool", k_pool), ("v_pool", v_pool)):
+        check_tensor(name, t, dtypes=(torch.float32,), ndim=3, device=q.device)
+        if t.shape[2] != D or H % t.shape[1]:
+            raise ValueError(f"{name} has shape {list(t.shape)}: head_dim must be {D} and num_kv_heads divide {H}")
+    if v_pool.shape != k_pool.shape:
+        raise ValueError(f"v_pool has shape {list(v_pool.shape)}, expected {list(k_pool.shape)} like k_pool")
+    check_tensor("kv_slots", kv_slots, dtypes=(torch.int64,), ndim=2, device=q.device)
+    for name, t in (("token_seq", token_seq), ("key_begin", key_begin), ("key_end", key_end)):
+        check_tensor(name, t, dtypes=(torch.int64,), ndim=1, device=q.device)
+        if t.shape[0] != T:
+            raise ValueError(f"{name} has {t.shape[0]} entries, expected {T} (one per query token)")
+    out = torch.empty(T, H * D, dtype=torch.float32)
+    _C.paged_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), kv_slots.data_ptr(), kv_slots.shape[1],
+                       token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(), out.data_ptr(), T, H,
+                       k_pool.shape[1], D, k_pool.shape[0], float(scale), native_threads())
+    return out
