@@ -71,3 +71,18 @@ def test_padded_linear_keeps_autograd():
     w = torch.randn(5, 8, requires_grad=True)
     ops.padded_linear(x, w).sum().backward()
     torch.testing.assert_close(x.grad, w.sum(0).expand(2, 8))
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1), (3, 7), (64, 256), (65, 33)])
+def test_rms_norm_and_silu_and_mul_match_torch(rows, n):
+    from sonarspec_ext.ops.elementwise import rms_norm, silu_and_mul
+    g = torch.Generator().manual_seed(rows * n)
+    x, w = torch.randn(rows, n, generator=g) * 3, torch.randn(n, generator=g)
+    ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    torch.testing.assert_close(rms_norm(x, w, 1e-5), ref.float(), rtol=1e-5, atol=1e-5)
+    xx = torch.randn(rows, 2 * n, generator=g) * 4
+    gate, up = xx.double().chunk(2, dim=-1)
+    torch.testing.assert_close(silu_and_mul(xx), (gate * torch.sigmoid(gate) * up).float(), rtol=1e-5, atol=1e-5)
+    y = x.clone().requires_grad_(True)   # autograd keeps the torch path
+    rms_norm(y, w, 1e-5).sum().backward()
+    assert y.grad is not None

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "sonarspec/elementwise.h"
 #include "sonarspec/kv_store.h"
 #include "sonarspec/paged_attention.h"
 #include "sonarspec/planner.h"
@@ -112,6 +113,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_available", &cuda_available, "Whether a CUDA device is usable at run time.");
   m.def("small_gemm", &small_gemm, "y = x @ w^T (+ bias), float32, few rows of x (raw pointers).");
   m.def("kv_store", &kv_store, "Scatter key/value rows into paged pools (raw pointers).");
+  m.def("rms_norm", [](uintptr_t x, uintptr_t w, uintptr_t out, int64_t rows, int64_t n, float eps) {
+    rms_norm_cpu(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(w), reinterpret_cast<float*>(out),
+                 rows, n, eps);
+  }, "RMSNorm over rows, float32 CPU (raw pointers).");
+  m.def("silu_and_mul", [](uintptr_t x, uintptr_t out, int64_t rows, int64_t n) {
+    silu_and_mul_cpu(reinterpret_cast<const float*>(x), reinterpret_cast<float*>(out), rows, n);
+  }, "silu(gate) * up over [gate | up] rows, float32 CPU (raw pointers).");
   m.def("paged_attention", &paged_attention, "Small-query paged attention on the CPU, float32 (raw pointers).");
   m.def("shifted_scatter", &shifted_scatter, "Shift token blocks left and scatter the next tokens (raw pointers).");
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..layers.attention import AttentionBackend
 from ..layers.linear import Linear
+from ..ops.elementwise import silu_and_mul
 from ..ops.linear import padded_linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, apply_rope
@@ -61,8 +62,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x):
         if self.gate_up is not None:
-            gate, up = padded_linear(x, *self.gate_up).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
+            return self.down_proj(silu_and_mul(padded_linear(x, *self.gate_up)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
