@@ -86,3 +86,15 @@ def test_rms_norm_and_silu_and_mul_match_torch(rows, n):
     y = x.clone().requires_grad_(True)   # autograd keeps the torch path
     rms_norm(y, w, 1e-5).sum().backward()
     assert y.grad is not None
+
+
+@pytest.mark.parametrize("rows,heads,d", [(1, 1, 2), (5, 6, 64), (64, 3, 10)])
+def test_rope_matches_the_rotate_half_formula(rows, heads, d):
+    from sonarspec_ext.ops.elementwise import apply_rope
+    g = torch.Generator().manual_seed(rows + d)
+    x = torch.randn(rows, heads, d, generator=g)
+    angles = torch.randn(rows, 1, d // 2, generator=g).double()
+    x1, x2 = x.double().chunk(2, dim=-1)
+    ref = torch.cat((x1 * angles.cos() - x2 * angles.sin(), x2 * angles.cos() + x1 * angles.sin()), dim=-1)
+    torch.testing.assert_close(apply_rope(x, angles.cos().float(), angles.sin().float()), ref.float(),
+                               rtol=1e-5, atol=1e-5)

@@ -120,6 +120,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("silu_and_mul", [](uintptr_t x, uintptr_t out, int64_t rows, int64_t n) {
     silu_and_mul_cpu(reinterpret_cast<const float*>(x), reinterpret_cast<float*>(out), rows, n);
   }, "silu(gate) * up over [gate | up] rows, float32 CPU (raw pointers).");
+  m.def("rope", [](uintptr_t x, uintptr_t cos, uintptr_t sin, uintptr_t out, int64_t rows, int64_t heads, int64_t d) {
+    rope_cpu(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(cos),
+             reinterpret_cast<const float*>(sin), reinterpret_cast<float*>(out), rows, heads, d);
+  }, "Rotate-half RoPE, float32 CPU (raw pointers).");
   m.def("paged_attention", &paged_attention, "Small-query paged attention on the CPU, float32 (raw pointers).");
   m.def("shifted_scatter", &shifted_scatter, "Shift token blocks left and scatter the next tokens (raw pointers).");
 

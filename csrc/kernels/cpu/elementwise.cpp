@@ -31,4 +31,23 @@ void silu_and_mul_cpu(const float* x, float* out, int64_t rows, int64_t n) {
   }
 }
 
+void rope_cpu(const float* x, const float* cos, const float* sin, float* out, int64_t rows, int64_t heads,
+              int64_t d) {
+  const int64_t half = d / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* c = cos + r * half;
+    const float* s = sin + r * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* x1 = x + (r * heads + h) * d;
+      const float* x2 = x1 + half;
+      float* o1 = out + (r * heads + h) * d;
+      float* o2 = o1 + half;
+      for (int64_t j = 0; j < half; ++j) {
+        o1[j] = x1[j] * c[j] - x2[j] * s[j];
+        o2[j] = x2[j] * c[j] + x1[j] * s[j];
+      }
+    }
+  }
+}
+
 }  // namespace sonarspec

@@ -1,4 +1,5 @@
-"""Rotary position embeddings (RoPE), with linear and llama3 frequency scaling."""
+"""Rotary position embeddings (RoPE) tables, with linear and llama3 frequency scaling
+(applied by ``ops.elementwise.apply_rope``)."""
 from __future__ import annotations
 
 import math
@@ -45,9 +46,3 @@ class RotaryEmbedding(nn.Module):
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
         """``positions``: (num_tokens,) -> cos, sin of shape (num_tokens, 1, head_dim // 2)."""
         return self.cos[positions].to(dtype).unsqueeze(1), self.sin[positions].to(dtype).unsqueeze(1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x``: (num_tokens, num_heads, head_dim); rotate-half RoPE."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

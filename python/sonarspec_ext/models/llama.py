@@ -12,10 +12,10 @@ from torch import nn
 
 from ..layers.attention import AttentionBackend
 from ..layers.linear import Linear
-from ..ops.elementwise import silu_and_mul
+from ..ops.elementwise import apply_rope, silu_and_mul
 from ..ops.linear import padded_linear
 from ..layers.norm import RMSNorm
-from ..layers.rotary import RotaryEmbedding, apply_rope
+from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
 
 

@@ -1,4 +1,4 @@
-"""RMSNorm and SiLU-and-multiply: one native call each for small float32 CPU inputs,
+"""RMSNorm, SiLU-and-multiply and RoPE: one native call each for small float32 CPU inputs,
 torch otherwise (and whenever autograd needs the graph)."""
 from __future__ import annotations
 
@@ -35,4 +35,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return F.silu(gate) * up
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
     _C.silu_and_mul(x.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1], n)
+    return out
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE: x (num_tokens, num_heads, head_dim); cos, sin (num_tokens, 1,
+    head_dim // 2)."""
+    if not _native(x, cos, sin) or cos.numel() * 2 != x.shape[0] * x.shape[-1]:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    out = torch.empty_like(x)
+    _C.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], x.shape[2])
     return out
