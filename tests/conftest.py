@@ -80,3 +80,18 @@ def padded_draft_dir(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("padded_draft"))
     make_hf_model(d, "llama", seed=12, num_hidden_layers=1, vocab_size=VOCAB + 20)
     return d
+
+
+@pytest.fixture(scope="session")
+def plain_greedy(llama_dir):
+    """Plain decoding of ``llama_dir`` with our engine, cached per (prompts, params)."""
+    import json
+    from sonarspec_ext import LLM
+    llm, cache = LLM(llama_dir), {}
+
+    def run(ps, params):
+        key = (json.dumps(ps), repr(params))
+        if key not in cache:
+            cache[key] = [o.token_ids for o in llm.generate(ps, params)]
+        return cache[key]
+    return run

@@ -2,21 +2,18 @@
 sampled), every checkpoint layout, refused misfits, page accounting."""
 import json
 import os
-import random
 import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import hf_load
 from mtp_fixtures import random_head, save, trained_head
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
 from sonarspec_ext.layers.attention import DenseCausalAttention
 from sonarspec_ext.models.config import CheckpointError
-from stats import assert_matches
+from spec_checks import check_greedy_with_stops, check_sampled_law, run_random_workload
 from test_generate import prompts
-from test_spec_draft_target import exact_second_token_law
 
 
 @pytest.fixture(scope="module")
@@ -27,18 +24,6 @@ def heads(llama_dir, tmp_path_factory):
         "random_eagle1": save(random_head(llama_dir, "eagle1", seed=1), str(d / "random_eagle1")),
         "trained": save(trained_head(llama_dir, str(d / "work")), str(d / "trained")),
     }
-
-
-@pytest.fixture(scope="module")
-def plain(llama_dir):
-    llm, cache = LLM(llama_dir), {}
-
-    def run(ps, params):
-        key = (json.dumps(ps), repr(params))
-        if key not in cache:
-            cache[key] = [o.token_ids for o in llm.generate(ps, params)]
-        return cache[key]
-    return run
 
 
 @pytest.mark.parametrize("layout", ["rmsnorm", "eagle1"])
@@ -80,12 +65,12 @@ def test_head_matches_a_transformers_decoder_layer(llama_dir, layout):
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 @pytest.mark.parametrize("which", ["random", "trained"])
-def test_greedy_equals_plain_decoding(k, which, llama_dir, heads, plain):
+def test_greedy_equals_plain_decoding(k, which, llama_dir, heads, plain_greedy):
     ps = prompts(16, seed=30 + k)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads[which], num_draft_tokens=k))
     for bs in (1, 6, 16):
-        assert [o.token_ids for o in llm.generate(ps[:bs], params)] == plain(ps[:bs], params)
+        assert [o.token_ids for o in llm.generate(ps[:bs], params)] == plain_greedy(ps[:bs], params)
     s = llm.stats()
     assert s["num_draft_tokens"] > 0 and len(s["accepted_per_position"]) == k
     if which == "trained":   # acceptance exercised many times, not only rejection
@@ -94,21 +79,9 @@ def test_greedy_equals_plain_decoding(k, which, llama_dir, heads, plain):
 
 
 def test_greedy_equals_transformers_with_stops_and_chunked_prefill(llama_dir, heads):
-    hf = hf_load(llama_dir)
     llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=3),
               max_num_batched_tokens=7)   # prompts arrive in chunks the head must follow
-    for p in prompts(4, seed=41):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                              max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)[0, len(p):].tolist()
-        assert llm.generate(p, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0].token_ids == ref
-        stop_tok = ref[5]
-        out = llm.generate(p, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True,
-                                             stop_token_ids=[stop_tok]))[0]
-        assert out.token_ids == ref[:ref.index(stop_tok) + 1] and out.finish_reason == "stop"
-        text = llm.tokenizer.decode(ref)
-        out = llm.generate(p, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop=text[6:8]))[0]
-        assert out.text == text[:text.find(text[6:8])]
+    check_greedy_with_stops(llm, llama_dir, prompts(4, seed=41))
     assert llm.stats()["num_accepted_tokens"] >= 5
 
 
@@ -117,21 +90,12 @@ def test_greedy_equals_transformers_with_stops_and_chunked_prefill(llama_dir, he
     (1.0, 30, 0.95, True, 1)])
 def test_sampled_output_follows_the_target_distribution(llama_dir, heads, temperature, top_k, top_p,
                                                         draft_sampling, k):
-    prompt, n = [5, 17, 42], 1000
-    p1, p2 = exact_second_token_law(llama_dir, prompt, temperature, top_k, top_p)
     llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=k),
               max_num_seqs=256, draft_sampling=draft_sampling)
-    outs = llm.generate([prompt] * n, [SamplingParams(max_tokens=4, temperature=temperature, top_k=top_k,
-                                                      top_p=top_p, seed=s, ignore_eos=True) for s in range(n)])
-    assert llm.stats()["num_accepted_tokens"] > 0
-    first = torch.bincount(torch.tensor([o.token_ids[0] for o in outs]), minlength=p1.numel())
-    second = torch.bincount(torch.tensor([o.token_ids[1] for o in outs]), minlength=p2.numel())
-    assert first[p1 == 0].sum() == 0 and second[p2 == 0].sum() == 0
-    assert_matches(first, p1, "first token", min_df=3)
-    assert_matches(second, p2, "second token (verified)", min_df=3)
+    assert check_sampled_law(llm, llama_dir, temperature, top_k, top_p)["num_accepted_tokens"] > 0
 
 
-def test_single_token_schedule_has_no_host_sync_and_is_lossless(llama_dir, heads, plain, monkeypatch):
+def test_single_token_schedule_has_no_host_sync_and_is_lossless(llama_dir, heads, plain_greedy, monkeypatch):
     import sonarspec_ext.engine.engine as engine_mod
     from sonarspec_ext.engine.sync_free import HostSyncError, forbid_host_syncs, sync_free_step
     calls = []
@@ -145,7 +109,7 @@ def test_single_token_schedule_has_no_host_sync_and_is_lossless(llama_dir, heads
     llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=1))
     llm.engine.sync_guard = forbid_host_syncs   # any host read of a tensor in the region raises
     for bs in (1, 6, 16):
-        assert [o.token_ids for o in llm.generate(ps[:bs], params)] == plain(ps[:bs], params)
+        assert [o.token_ids for o in llm.generate(ps[:bs], params)] == plain_greedy(ps[:bs], params)
     assert len(calls) > 50 and llm.stats()["num_accepted_tokens"] >= 20
     seeded = SamplingParams(max_tokens=12, temperature=0.9, seed=3, ignore_eos=True)
     assert len(llm.generate(ps[:4], seeded)[0].token_ids) == 12   # sampled path, same guard
@@ -178,7 +142,7 @@ def _greedy(llama_dir, draft, ps, k=3):
     return out, probe
 
 
-def test_eagle1_layout_loads_with_public_key_names(llama_dir, heads, tmp_path, plain):
+def test_eagle1_layout_loads_with_public_key_names(llama_dir, heads, tmp_path, plain_greedy):
     head = random_head(llama_dir, "eagle1", seed=1)
     d = save(head, str(tmp_path / "eagle1"), "eagle1")
     keys = set(load_file(os.path.join(d, "model.safetensors")))
@@ -190,7 +154,7 @@ def test_eagle1_layout_loads_with_public_key_names(llama_dir, heads, tmp_path, p
     assert cfg["num_hidden_layers"] == 1 and cfg["architectures"] == ["LlamaForCausalLM"]
     ps = prompts(6, seed=3)
     got, stats = _greedy(llama_dir, d, ps)
-    assert got == plain(ps, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    assert got == plain_greedy(ps, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
     torch.testing.assert_close(stats, _greedy(llama_dir, heads["random_eagle1"], ps)[1], rtol=0, atol=0)
 
 
@@ -207,7 +171,7 @@ def _deepseek_target(llama_dir, head, path):
     return L, tmp
 
 
-def test_deepseek_layout_inside_the_target_and_alone(llama_dir, heads, tmp_path, plain):
+def test_deepseek_layout_inside_the_target_and_alone(llama_dir, heads, tmp_path, plain_greedy):
     head = random_head(llama_dir, "rmsnorm")   # same weights as heads["random"]
     target = str(tmp_path / "target_with_mtp")
     L, alone = _deepseek_target(llama_dir, head, target)
@@ -219,7 +183,7 @@ def test_deepseek_layout_inside_the_target_and_alone(llama_dir, heads, tmp_path,
     ref_out, ref_stats = _greedy(llama_dir, heads["random"], ps)
     for target_dir, draft in ((target, None), (llama_dir, alone)):
         got, stats = _greedy(target_dir, draft, ps)
-        assert got == ref_out == plain(ps, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+        assert got == ref_out == plain_greedy(ps, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
         torch.testing.assert_close(stats, ref_stats, rtol=0, atol=0)
 
 
@@ -251,22 +215,8 @@ def test_misfit_heads_are_refused(llama_dir, heads, tmp_path):
 
 
 def test_pages_return_after_random_requests_aborts_and_preemption(llama_dir, heads):
-    rng = random.Random(5)
     llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=3),
               page_size=4, num_pages=60, max_num_seqs=8, max_num_batched_tokens=32)
-    eng, live = llm.engine, []
-    for it in range(120):
-        if rng.random() < 0.5:
-            p = [rng.randrange(256) for _ in range(rng.randint(1, 40))]
-            live.append(eng.add_request(p, SamplingParams(max_tokens=rng.randint(1, 30),
-                                                          temperature=rng.choice([0.0, 1.0]), seed=it)))
-        eng.step()
-        if live and rng.random() < 0.1:
-            eng.abort(rng.choice(live))
-        for sid in [s for s in live if eng.seqs[s].finished]:
-            live.remove(sid)
-            eng.pop_finished(sid)
-    while eng.has_unfinished():
-        eng.step()
+    eng = run_random_workload(llm, seed=5)
     assert eng.planner.num_free_pages == 60 and not eng.proposer.state
     assert sum(s["num_preemptions"] for s in eng.finished_stats) > 0

@@ -46,44 +46,49 @@ bool cuda_available() {
 }
 
 // Pointers arrive as integers (tensor.data_ptr()); ops/ has validated the tensors.
+// Runs cpu() without the GIL, or cuda() - a launcher returning a cudaError_t - for CUDA
+// tensors, turning a failed launch or a CPU-only build into an exception.
+template <typename Cpu, typename Cuda>
+int64_t dispatch(const char* name, bool on_cuda, Cpu cpu, Cuda cuda) {
+  if (!on_cuda) {
+    py::gil_scoped_release release;
+    return cpu();
+  }
+#ifdef SONARSPEC_WITH_CUDA
+  int err = cuda();
+  if (err != 0) throw std::runtime_error(std::string(name) + " CUDA launch failed: " + cuda_error_string(err));
+  return 0;
+#else
+  (void)cuda;
+  throw std::runtime_error(std::string("sonarspec was built without CUDA; ") + name + " got CUDA tensors");
+#endif
+}
+
 int64_t kv_store(uintptr_t k_src, uintptr_t v_src, uintptr_t k_pool, uintptr_t v_pool,
                  uintptr_t slot_mapping, int64_t num_tokens, int64_t row_bytes, int64_t num_slots,
                  bool on_cuda, uintptr_t stream) {
   auto p = [](uintptr_t x) { return reinterpret_cast<void*>(x); };
-  if (!on_cuda) {
-    py::gil_scoped_release release;
-    return kv_store_cpu(p(k_src), p(v_src), p(k_pool), p(v_pool),
-                        reinterpret_cast<const int64_t*>(slot_mapping), num_tokens, row_bytes, num_slots);
-  }
-#ifdef SONARSPEC_WITH_CUDA
-  int err = kv_store_cuda(p(k_src), p(v_src), p(k_pool), p(v_pool),
-                          reinterpret_cast<const int64_t*>(slot_mapping), num_tokens, row_bytes,
-                          num_slots, p(stream));
-  if (err != 0) throw std::runtime_error(std::string("kv_store CUDA launch failed: ") + cuda_error_string(err));
-  return 0;
-#else
-  (void)stream;
-  throw std::runtime_error("sonarspec was built without CUDA; kv_store got CUDA tensors");
-#endif
+  auto slots = reinterpret_cast<const int64_t*>(slot_mapping);
+  return dispatch(
+      "kv_store", on_cuda,
+      [&] { return kv_store_cpu(p(k_src), p(v_src), p(k_pool), p(v_pool), slots, num_tokens, row_bytes, num_slots); },
+      [&] {
+        return kv_store_cuda(p(k_src), p(v_src), p(k_pool), p(v_pool), slots, num_tokens, row_bytes, num_slots,
+                             p(stream));
+      });
 }
 
 int64_t shifted_scatter(uintptr_t in, uintptr_t out, uintptr_t starts, uintptr_t lens, uintptr_t next,
                         uintptr_t accepted, int64_t num_blocks, bool on_cuda, uintptr_t stream) {
   auto p = [](uintptr_t x) { return reinterpret_cast<const int64_t*>(x); };
-  if (!on_cuda) {
-    py::gil_scoped_release release;
-    return shifted_scatter_cpu(p(in), reinterpret_cast<int64_t*>(out), p(starts), p(lens), p(next), p(accepted),
-                               num_blocks);
-  }
-#ifdef SONARSPEC_WITH_CUDA
-  int err = shifted_scatter_cuda(p(in), reinterpret_cast<int64_t*>(out), p(starts), p(lens), p(next), p(accepted),
-                                 num_blocks, reinterpret_cast<void*>(stream));
-  if (err != 0) throw std::runtime_error(std::string("shifted_scatter CUDA launch failed: ") + cuda_error_string(err));
-  return 0;
-#else
-  (void)stream;
-  throw std::runtime_error("sonarspec was built without CUDA; shifted_scatter got CUDA tensors");
-#endif
+  auto o = reinterpret_cast<int64_t*>(out);
+  return dispatch(
+      "shifted_scatter", on_cuda,
+      [&] { return shifted_scatter_cpu(p(in), o, p(starts), p(lens), p(next), p(accepted), num_blocks); },
+      [&] {
+        return shifted_scatter_cuda(p(in), o, p(starts), p(lens), p(next), p(accepted), num_blocks,
+                                    reinterpret_cast<void*>(stream));
+      });
 }
 
 int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr_t kv_slots, int64_t max_kv_len,

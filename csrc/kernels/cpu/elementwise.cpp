@@ -2,22 +2,15 @@
 
 #include <cmath>
 
+#include "vec.h"
+
 namespace sonarspec {
 
 void rms_norm_cpu(const float* x, const float* weight, float* out, int64_t rows, int64_t n, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     float* o = out + r * n;
-    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-      s0 += xr[i] * xr[i];
-      s1 += xr[i + 1] * xr[i + 1];
-      s2 += xr[i + 2] * xr[i + 2];
-      s3 += xr[i + 3] * xr[i + 3];
-    }
-    for (; i < n; ++i) s0 += xr[i] * xr[i];
-    const float inv = 1.f / std::sqrt(((s0 + s1) + (s2 + s3)) / static_cast<float>(n) + eps);
+    const float inv = 1.f / std::sqrt(dot4(xr, xr, n) / static_cast<float>(n) + eps);
     for (int64_t j = 0; j < n; ++j) o[j] = xr[j] * inv * weight[j];
   }
 }

@@ -8,25 +8,9 @@
 #include <vector>
 
 #include "sonarspec/thread_pool.h"
+#include "vec.h"
 
 namespace sonarspec {
-namespace {
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += a[i] * b[i];
-    s1 += a[i + 1] * b[i + 1];
-    s2 += a[i + 2] * b[i + 2];
-    s3 += a[i + 3] * b[i + 3];
-  }
-  for (; i < n; ++i) s0 += a[i] * b[i];
-  return (s0 + s1) + (s2 + s3);
-}
-
-}  // namespace
-
 int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_pool,
                             const int64_t* kv_slots, int64_t max_kv_len, const int64_t* token_seq,
                             const int64_t* key_begin, const int64_t* key_end, float* out,
@@ -48,7 +32,7 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
     for (int64_t j = lo; j < hi; ++j) {
       const int64_t s = slots[j];
       if (s < 0 || s >= num_slots) continue;
-      const float x = dot(qv, k_pool + s * row + kvh * head_dim, head_dim) * scale;
+      const float x = dot4(qv, k_pool + s * row + kvh * head_dim, head_dim) * scale;
       const float* v = v_pool + s * row + kvh * head_dim;
       if (x > m) {  // new running max: rescale what was accumulated so far
         const float c = std::exp(m - x);

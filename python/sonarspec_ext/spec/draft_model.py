@@ -15,7 +15,7 @@ from ..engine.kv_cache import KVCache
 from ..engine.metadata import build_metadata
 from ..engine.runner import ModelRunner
 from ..models.loader import load_model
-from .proposer import Draft, Proposer, StepRecord, add_draft_token, draw_draft, finish_drafts
+from .proposer import Draft, Proposer, StepRecord, propose_chains
 
 
 class DraftModelProposer(Proposer):
@@ -56,18 +56,10 @@ class DraftModelProposer(Proposer):
         return torch.cat([logits, pad], dim=-1)
 
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
-        drafts = [Draft([], [] if self.sample_drafts else None) for _ in seqs]
-        logits = {i: self.state[s.seq_id][1] for i, s in enumerate(seqs)}
-        for j in range(max(ks, default=0)):
-            for i, s in enumerate(seqs):
-                if ks[i] > j:
-                    add_draft_token(drafts[i], *draw_draft(s, logits[i], self.sample_drafts), self.vocab_size)
-            step = [i for i in range(len(seqs)) if ks[i] > j + 1]
-            if step:
-                out = self._run([(seqs[i], seqs[i].num_tokens + j, [drafts[i].token_ids[j]]) for i in step])
-                for r, i in enumerate(step):
-                    logits[i] = out[r]
-        return finish_drafts(drafts)
+        def advance(j, rows, drafts):
+            return list(self._run([(seqs[i], seqs[i].num_tokens + j, [drafts[i].token_ids[j]]) for i in rows]))
+        return propose_chains(seqs, ks, [self.state[s.seq_id][1] for s in seqs], self.sample_drafts,
+                              self.vocab_size, advance)
 
     def after_step(self, records: Sequence[StepRecord]) -> None:
         rows = []

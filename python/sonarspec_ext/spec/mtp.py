@@ -19,7 +19,7 @@ from ..engine.kv_cache import KVCache
 from ..engine.metadata import build_metadata
 from ..engine.runner import ModelRunner
 from ..models.mtp import MTPHead
-from .proposer import Draft, Proposer, StepRecord, add_draft_token, draw_draft, finish_drafts
+from .proposer import Draft, Proposer, StepRecord, propose_chains
 
 
 @dataclass
@@ -72,23 +72,17 @@ class MTPProposer(Proposer):
                                    hidden_indices=last_t, features=torch.cat(feats))
 
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
-        drafts = [Draft([], [] if self.sample_drafts else None) for _ in seqs]
         states = [self.state[s.seq_id] for s in seqs]
-        logits = [st.logits for st in states]
         feats = [st.feature for st in states]
-        for j in range(max(ks, default=0)):
-            for i, s in enumerate(seqs):
-                if ks[i] > j:
-                    add_draft_token(drafts[i], *draw_draft(s, logits[i], self.sample_drafts), self.vocab_size)
-            step = [i for i in range(len(seqs)) if ks[i] > j + 1]
-            if step:
-                # head position N-1+j reads its own predicted feature and draft token j+1
-                out_logits, out_feats = self.run_head(
-                    [(seqs[i], seqs[i].num_tokens - 1 + j, [drafts[i].token_ids[j]], feats[i].unsqueeze(0))
-                     for i in step])
-                for r, i in enumerate(step):
-                    logits[i], feats[i] = out_logits[r], out_feats[r]
-        return finish_drafts(drafts)
+
+        def advance(j, rows, drafts):
+            # head position N-1+j reads its own predicted feature and draft token j+1
+            out_logits, out_feats = self.run_head(
+                [(seqs[i], seqs[i].num_tokens - 1 + j, [drafts[i].token_ids[j]], feats[i].unsqueeze(0)) for i in rows])
+            for r, i in enumerate(rows):
+                feats[i] = out_feats[r]
+            return list(out_logits)
+        return propose_chains(seqs, ks, [st.logits for st in states], self.sample_drafts, self.vocab_size, advance)
 
     def after_step(self, records: Sequence[StepRecord]) -> None:
         rows, owners = [], []

@@ -6,7 +6,7 @@ target pass verifies them. ``NoProposer`` is plain decoding (k = 0 for everyone)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -73,13 +73,27 @@ def draw_draft(seq, logits: torch.Tensor, sample_drafts: bool) -> Tuple[int, Opt
     return int(sample_from_probs(q, seq.generator)[0]), q[0]
 
 
-def add_draft_token(draft: Draft, tok: int, q: Optional[torch.Tensor], vocab_size: int) -> None:
+def _add_draft_token(draft: Draft, tok: int, q: Optional[torch.Tensor], vocab_size: int) -> None:
     draft.token_ids.append(tok)
     if draft.probs is not None:
         draft.probs.append(q if q is not None else torch.nn.functional.one_hot(torch.tensor(tok), vocab_size).float())
 
 
-def finish_drafts(drafts: List[Draft]) -> List[Draft]:
+def propose_chains(seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor], sample_drafts: bool,
+                   vocab_size: int, advance: Callable) -> List[Draft]:
+    """Chain drafting shared by draft models and MTP heads: draft j + 1 of sequence i is
+    drawn from ``logits[i]``; ``advance(j, rows, drafts)`` runs the drafter once for the
+    sequences ``rows`` that need another token and returns their next logits."""
+    drafts = [Draft([], [] if sample_drafts else None) for _ in seqs]
+    logits = list(logits)
+    for j in range(max(ks, default=0)):
+        for i, s in enumerate(seqs):
+            if ks[i] > j:
+                _add_draft_token(drafts[i], *draw_draft(s, logits[i], sample_drafts), vocab_size)
+        rows = [i for i in range(len(seqs)) if ks[i] > j + 1]
+        if rows:
+            for i, lg in zip(rows, advance(j, rows, drafts)):
+                logits[i] = lg
     for d in drafts:
         if d.probs is not None:
             d.probs = torch.stack(d.probs) if d.probs else None
