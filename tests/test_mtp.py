@@ -220,3 +220,24 @@ def test_pages_return_after_random_requests_aborts_and_preemption(llama_dir, hea
     eng = run_random_workload(llm, seed=5)
     assert eng.planner.num_free_pages == 60 and not eng.proposer.state
     assert sum(s["num_preemptions"] for s in eng.finished_stats) > 0
+
+
+def test_draft_vocabulary_restricts_proposals_and_stays_lossless(llama_dir, heads, tmp_path, plain_greedy):
+    from sonarspec_ext.models.mtp_loader import load_mtp_head
+    from sonarspec_ext.models.loader import load_model
+    vocab = torch.arange(0, 256, 2)   # even byte tokens only
+    head = load_mtp_head(heads["trained"], load_model(llama_dir))
+    head.set_draft_vocab(vocab)
+    d = save(head, str(tmp_path / "restricted"))
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    assert cfg["draft_vocab_size"] == 128 and torch.equal(load_file(os.path.join(d, "model.safetensors"))["draft_vocab"], vocab)
+    ps = prompts(8, seed=60)
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=d, num_draft_tokens=3))
+    proposed = []
+    real = llm.engine.proposer.propose
+    llm.engine.proposer.propose = lambda seqs, ks: [proposed.extend(x.token_ids) or x for x in real(seqs, ks)]
+    assert [o.token_ids for o in llm.generate(ps, params)] == plain_greedy(ps, params)
+    assert proposed and all(t % 2 == 0 for t in proposed)
+    with pytest.raises(ValueError, match="draft vocabulary ids"):
+        head.set_draft_vocab(torch.tensor([0, 300]))

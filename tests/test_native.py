@@ -98,3 +98,37 @@ def test_rope_matches_the_rotate_half_formula(rows, heads, d):
     ref = torch.cat((x1 * angles.cos() - x2 * angles.sin(), x2 * angles.cos() + x1 * angles.sin()), dim=-1)
     torch.testing.assert_close(apply_rope(x, angles.cos().float(), angles.sin().float()), ref.float(),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m", [1, 5, 8, 40, 64, 65])
+def test_bf16_weights_give_the_float32_result_of_the_widened_weights(m):
+    """Compact (bfloat16) weights are widened exactly: the same result as the float32
+    copy through the same path, bit for bit where both take the native kernel."""
+    from sonarspec_ext.ops.linear import SMALL_M_MAX_ROWS, padded_linear
+    g = torch.Generator().manual_seed(m)
+    x, w, b = torch.randn(m, 96, generator=g), torch.randn(200, 96, generator=g).bfloat16(), torch.randn(200, generator=g)
+    got = padded_linear(x, w, b)
+    ref = x.double() @ w.double().T + b.double()
+    torch.testing.assert_close(got, ref.float(), rtol=1e-5, atol=1e-4)
+    if m <= SMALL_M_MAX_ROWS:
+        assert torch.equal(got, padded_linear(x, w.float(), b))
+
+
+def test_compact_weights_load_and_decode_like_float32_copies(tmp_path):
+    from conftest import make_hf_model
+    from sonarspec_ext import LLM, SamplingParams
+    from sonarspec_ext.models.loader import load_model
+    model = make_hf_model(str(tmp_path / "fp32"), "llama", seed=5)
+    model.to(torch.bfloat16).save_pretrained(str(tmp_path / "bf16"), safe_serialization=True)
+    from sonarspec_ext.models.tokenizer import write_byte_tokenizer
+    write_byte_tokenizer(str(tmp_path / "bf16"))
+    compact = load_model(str(tmp_path / "bf16"))
+    wide = load_model(str(tmp_path / "bf16"), compact_weights=False)
+    assert compact.model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
+    assert compact.model.norm.weight.dtype == torch.float32 and wide.lm_head.weight.dtype == torch.float32
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    prompts = [[1, 2, 3], [40, 41, 42, 43, 44, 45]]
+    a = [o.token_ids for o in LLM(str(tmp_path / "bf16")).generate(prompts, params)]
+    llm = LLM(str(tmp_path / "bf16"))
+    llm.engine.model = llm.engine.runner.model = wide
+    assert a == [o.token_ids for o in llm.generate(prompts, params)]

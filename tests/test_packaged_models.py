@@ -53,3 +53,16 @@ def test_default_draft_target_is_lossless_and_accepts_drafts():
     out = llm.generate(PROMPT, params)[0]
     assert out.token_ids == plain.token_ids
     assert llm.stats()["acceptance_length"] > 1.5  # trained draft and target agree often
+
+
+def test_default_mtp_head_is_lossless_and_accepts_drafts():
+    d = assets.path("mtp")
+    info = json.load(open(os.path.join(d, "training.json")))
+    assert info["engine_validation"]["equal_to_plain_decoding"]
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    prompts = [PROMPT, "class Stack:\n    def push(self, item):\n"]
+    plain = [o.token_ids for o in LLM("default").generate(prompts, params)]
+    for k in (1, 3):
+        llm = LLM("default", spec=SpecConfig(method="mtp", num_draft_tokens=k))
+        assert [o.token_ids for o in llm.generate(prompts, params)] == plain
+        assert llm.stats()["accepted_per_position"][0] > 0.5   # a trained head agrees with its target often

@@ -104,10 +104,16 @@ int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr
 }
 
 void small_gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
-                int num_threads) {
+                int num_threads, bool bf16_weights) {
   py::gil_scoped_release release;
-  small_gemm_f32(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(w),
-                 reinterpret_cast<const float*>(bias), reinterpret_cast<float*>(y), m, n, k, num_threads);
+  auto xf = reinterpret_cast<const float*>(x);
+  auto bf = reinterpret_cast<const float*>(bias);
+  auto yf = reinterpret_cast<float*>(y);
+  if (bf16_weights) {
+    small_gemm_bf16w(xf, reinterpret_cast<const uint16_t*>(w), bf, yf, m, n, k, num_threads);
+  } else {
+    small_gemm_f32(xf, reinterpret_cast<const float*>(w), bf, yf, m, n, k, num_threads);
+  }
 }
 
 }  // namespace
@@ -116,7 +122,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "sonarspec native core: planner and kernels";
   m.def("build_info", &build_info, "How this extension was built: cuda, cuda_arch, version.");
   m.def("cuda_available", &cuda_available, "Whether a CUDA device is usable at run time.");
-  m.def("small_gemm", &small_gemm, "y = x @ w^T (+ bias), float32, few rows of x (raw pointers).");
+  m.def("small_gemm", &small_gemm, "y = x @ w^T (+ bias), float32 x, float32 or bfloat16 w, few rows of x (raw pointers).");
   m.def("kv_store", &kv_store, "Scatter key/value rows into paged pools (raw pointers).");
   m.def("rms_norm", [](uintptr_t x, uintptr_t w, uintptr_t out, int64_t rows, int64_t n, float eps) {
     rms_norm_cpu(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(w), reinterpret_cast<float*>(out),

@@ -82,7 +82,8 @@ def _train_mtp(args) -> int:
                       ce_weight=args.ce_weight, noise=args.noise, seed=args.seed, eval_every=args.eval_every,
                       checkpoint_every=args.eval_every, warmup=min(50, max(1, args.max_steps // 10)))
     info = train_mtp(resolve(args.target, "target"), args.data, args.out, args.work, args.layout, args.seq_len,
-                     args.max_windows, args.feature_dtype, args.formats, args.exclude, args.resume, cfg=cfg)
+                     args.max_windows, args.feature_dtype, args.formats, args.exclude, args.resume, cfg=cfg,
+                     draft_vocab_size=args.draft_vocab)
     print(f"head written to {args.out} ({info['num_params']} parameters)")
     return 0
 
@@ -107,6 +108,8 @@ def _add_train_mtp(sub) -> None:
     t.add_argument("--max-windows", type=int, default=2000)
     t.add_argument("--feature-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     t.add_argument("--eval-every", type=int, default=100)
+    t.add_argument("--draft-vocab", type=int, default=0,
+                   help="propose only the N most frequent training tokens (cheaper drafting; 0: all)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--resume", action="store_true")
     t.set_defaults(func=_train_mtp)

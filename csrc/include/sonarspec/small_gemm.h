@@ -1,6 +1,7 @@
 // y = x @ w^T (+ bias) for few rows of x: the decode / verification / draft case,
 // where a general GEMM library falls back to slow matrix-vector paths. Weights are
-// streamed once per call; x rows stay in L1. float32 only.
+// streamed once per call; x rows stay in L1. float32 activations, float32 or bfloat16
+// weights.
 #pragma once
 
 #include <cstdint>
@@ -11,5 +12,11 @@ namespace sonarspec {
 // y: (m, n) row-major. Work is split over `num_threads` threads along n.
 void small_gemm_f32(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
                     int64_t k, int num_threads);
+
+// The same with bfloat16 weights (raw uint16_t bits), widened to float32 in registers:
+// the result equals small_gemm_f32 on the widened weights, bit for bit, at half the
+// weight traffic.
+void small_gemm_bf16w(const float* x, const uint16_t* w, const float* bias, float* y, int64_t m, int64_t n,
+                      int64_t k, int num_threads);
 
 }  // namespace sonarspec

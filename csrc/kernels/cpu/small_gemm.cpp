@@ -4,6 +4,7 @@
 #include "sonarspec/small_gemm.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "sonarspec/thread_pool.h"
 
@@ -14,6 +15,14 @@
 namespace sonarspec {
 namespace {
 
+inline float to_float(float v) { return v; }
+inline float to_float(uint16_t bits) {  // bfloat16 -> float32 is exact: the high half of the bits
+  uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 #if defined(__x86_64__)
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -23,9 +32,16 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// Eight weights as floats: float32 as is, bfloat16 (uint16_t bits) widened exactly.
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
+  __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
 // Rows [m0, m0 + MR) of x against weight rows [n0, n0 + NR).
-template <int MR, int NR>
-__attribute__((target("avx2,fma"))) void block(const float* x, const float* w, float* y, int64_t m0,
+template <int MR, int NR, typename W>
+__attribute__((target("avx2,fma"))) void block(const float* x, const W* w, float* y, int64_t m0,
                                                int64_t n0, int64_t n, int64_t k) {
   __m256 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
@@ -33,7 +49,7 @@ __attribute__((target("avx2,fma"))) void block(const float* x, const float* w, f
   int64_t kk = 0;
   for (; kk + 8 <= k; kk += 8) {
     __m256 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w + (n0 + j) * k + kk);
+    for (int j = 0; j < NR; ++j) wv[j] = load8(w + (n0 + j) * k + kk);
     for (int i = 0; i < MR; ++i) {
       __m256 xv = _mm256_loadu_ps(x + (m0 + i) * k + kk);
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
@@ -42,7 +58,7 @@ __attribute__((target("avx2,fma"))) void block(const float* x, const float* w, f
   for (int i = 0; i < MR; ++i) {
     for (int j = 0; j < NR; ++j) {
       float s = hsum(acc[i][j]);
-      for (int64_t t = kk; t < k; ++t) s += x[(m0 + i) * k + t] * w[(n0 + j) * k + t];
+      for (int64_t t = kk; t < k; ++t) s += x[(m0 + i) * k + t] * to_float(w[(n0 + j) * k + t]);
       y[(m0 + i) * n + n0 + j] = s;
     }
   }
@@ -50,8 +66,8 @@ __attribute__((target("avx2,fma"))) void block(const float* x, const float* w, f
 
 // All rows of an x chunk (MR <= 8) share one pass over the weights; NR weight rows
 // per step keep MR * NR <= 12 accumulators in registers.
-template <int MR>
-__attribute__((target("avx2,fma"))) void pass(const float* x, const float* w, float* y, int64_t m0, int64_t n,
+template <int MR, typename W>
+__attribute__((target("avx2,fma"))) void pass(const float* x, const W* w, float* y, int64_t m0, int64_t n,
                                               int64_t k, int64_t n_begin, int64_t n_end) {
   constexpr int NR = MR <= 3 ? 4 : (MR == 4 ? 3 : (MR <= 6 ? 2 : 1));
   int64_t j = n_begin;
@@ -59,7 +75,8 @@ __attribute__((target("avx2,fma"))) void pass(const float* x, const float* w, fl
   for (; j < n_end; ++j) block<MR, 1>(x, w, y, m0, j, n, k);
 }
 
-__attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const float* w, float* y, int64_t m,
+template <typename W>
+__attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const W* w, float* y, int64_t m,
                                                    int64_t n, int64_t k, int64_t n_begin, int64_t n_end) {
   for (int64_t i = 0; i < m; i += 8) {
     switch (std::min<int64_t>(8, m - i)) {
@@ -78,22 +95,24 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const float* 
 bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #endif
 
-void rows_scalar(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, int64_t n_begin,
+template <typename W>
+void rows_scalar(const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t n_begin,
                  int64_t n_end) {
   for (int64_t j = n_begin; j < n_end; ++j)
     for (int64_t i = 0; i < m; ++i) {
       float s = 0.f;
-      for (int64_t t = 0; t < k; ++t) s += x[i * k + t] * w[j * k + t];
+      for (int64_t t = 0; t < k; ++t) s += x[i * k + t] * to_float(w[j * k + t]);
       y[i * n + j] = s;
     }
 }
 
-void rows(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
+template <typename W>
+void rows(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
           int64_t n_begin, int64_t n_end) {
 #if defined(__x86_64__)
   static const bool avx2 = has_avx2();
   if (avx2) {
-    rows_avx2(x, w, y, m, n, k, n_begin, n_end);
+    rows_avx2<W>(x, w, y, m, n, k, n_begin, n_end);
   } else {
     rows_scalar(x, w, y, m, n, k, n_begin, n_end);
   }
@@ -105,18 +124,18 @@ void rows(const float* x, const float* w, const float* bias, float* y, int64_t m
       for (int64_t j = n_begin; j < n_end; ++j) y[i * n + j] += bias[j];
 }
 
-}  // namespace
-
-void small_gemm_f32(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
-                    int64_t k, int num_threads) {
+template <typename W>
+void small_gemm(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
+                int num_threads) {
   // Tasks of at least 64 KiB of weights, about four per thread; small problems stay
   // on the calling thread.
-  int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads, (n * k) / (128 * 1024)));
+  const int64_t wbytes = n * k * static_cast<int64_t>(sizeof(W));
+  int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads, wbytes / (512 * 1024)));
   if (threads == 1) {
     rows(x, w, bias, y, m, n, k, 0, n);
     return;
   }
-  int64_t min_rows = std::max<int64_t>(4, (16 * 1024) / k);
+  int64_t min_rows = std::max<int64_t>(4, (64 * 1024) / (k * static_cast<int64_t>(sizeof(W))));
   int64_t chunk = std::max<int64_t>(min_rows, (n + 4 * threads - 1) / (4 * threads));
   chunk = (chunk + 3) / 4 * 4;
   int num_tasks = static_cast<int>((n + chunk - 1) / chunk);
@@ -124,6 +143,18 @@ void small_gemm_f32(const float* x, const float* w, const float* bias, float* y,
     int64_t b = t * chunk, e = std::min(n, b + chunk);
     rows(x, w, bias, y, m, n, k, b, e);
   });
+}
+
+}  // namespace
+
+void small_gemm_f32(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
+                    int64_t k, int num_threads) {
+  small_gemm(x, w, bias, y, m, n, k, num_threads);
+}
+
+void small_gemm_bf16w(const float* x, const uint16_t* w, const float* bias, float* y, int64_t m, int64_t n,
+                      int64_t k, int num_threads) {
+  small_gemm(x, w, bias, y, m, n, k, num_threads);
 }
 
 }  // namespace sonarspec

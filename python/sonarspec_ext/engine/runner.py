@@ -15,7 +15,8 @@ class ModelRunner:
     def __init__(self, model, kv_cache: KVCache):
         """``model``: a ``LlamaForCausalLM`` or an ``MTPHead`` (which also reads ``features``)."""
         self.model, self.kv_cache = model, kv_cache
-        self.dtype = next(model.parameters()).dtype
+        self.dtype = model.compute_dtype
+        self.compact = any(p.dtype == torch.bfloat16 and p.dim() == 2 for p in model.parameters())
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: PagedAttentionMetadata,
@@ -24,7 +25,7 @@ class ModelRunner:
         ``logits_indices`` (num_logits, vocab_size), plus final hidden states for the rows in
         ``hidden_indices`` (an index tensor or slice) when given. ``features`` (num_tokens,
         hidden_size) are the per-token hidden-state inputs of an MTP head."""
-        small = uses_native_gemm(input_ids.numel(), input_ids.device, self.dtype)
+        small = uses_native_gemm(input_ids.numel(), input_ids.device, self.dtype, self.compact)
         extra = () if features is None else (features,)
         with native_gemm_threads() if small else nullcontext():
             hidden = self.model(input_ids, positions, TorchPagedAttention(self.kv_cache, meta), *extra)

@@ -119,11 +119,16 @@ class LlamaForCausalLM(nn.Module):
                 attn: AttentionBackend) -> torch.Tensor:
         """``input_ids``, ``positions``: (num_tokens,) -> final-norm hidden states
         (num_tokens, hidden_size). Logits are computed separately, only where needed."""
-        x = self.model.embed_tokens(input_ids)
+        x = self.model.embed_tokens(input_ids).to(self.compute_dtype)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, attn)
         return self.model.norm(x)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """Activation dtype (weight matrices may be stored more compactly, see the loader)."""
+        return self.model.norm.weight.dtype
 
     def fuse_projections(self) -> None:
         """Inference only: q/k/v and gate/up projections run as one GEMM each."""

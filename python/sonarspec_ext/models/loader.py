@@ -44,9 +44,11 @@ def weight_files(path: str) -> Dict[str, str]:
     raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json found")
 
 
-def load_state(path: str, expected: Dict[str, torch.Size], dtype: torch.dtype) -> Dict[str, torch.Tensor]:
+def load_state(path: str, expected: Dict[str, torch.Size], dtype: torch.dtype,
+               keep_bf16_matrices: bool = False) -> Dict[str, torch.Tensor]:
     """Read the tensors named in ``expected`` from a model dir, memory-mapped file by file,
-    checking presence and shape, converted to ``dtype``."""
+    checking presence and shape, converted to ``dtype`` - except, with
+    ``keep_bf16_matrices``, 2-D tensors stored in bfloat16, which stay bfloat16."""
     files = weight_files(path)
     missing = [n for n in expected if n not in files]
     if missing:
@@ -69,14 +71,20 @@ def load_state(path: str, expected: Dict[str, torch.Size], dtype: torch.dtype) -
                     if shape != tuple(expected[name]):
                         raise CheckpointError(f"{fname}: tensor {name!r} has shape {list(shape)}, "
                                               f"expected {list(expected[name])}")
-                    state[name] = f.get_tensor(name).to(dtype)
+                    t = f.get_tensor(name)
+                    keep = keep_bf16_matrices and t.dtype == torch.bfloat16 and t.dim() == 2
+                    state[name] = t if keep else t.to(dtype)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise CheckpointError(f"{fname}: corrupt or truncated safetensors file ({e})") from None
     return state
 
 
-def load_model(path: str, dtype="float32", device="cpu") -> LlamaForCausalLM:
-    """Build a model from an HF-format directory; parameters land directly in ``dtype``."""
+def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool = True) -> LlamaForCausalLM:
+    """Build a model from an HF-format directory; parameters land directly in ``dtype``.
+
+    ``compact_weights`` (float32 on the CPU): weight matrices stored in bfloat16 stay
+    bfloat16 - the native GEMM widens them exactly in registers, so outputs are the same
+    as with float32 copies while weights take half the memory and memory traffic."""
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: model directory not found")
     cfg = ModelConfig.from_dir(path)
@@ -84,7 +92,8 @@ def load_model(path: str, dtype="float32", device="cpu") -> LlamaForCausalLM:
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     expected = {n: p.shape for n, p in model.named_parameters()}
-    state = load_state(path, expected, torch_dtype)
+    compact = compact_weights and torch_dtype == torch.float32 and torch.device(device).type == "cpu"
+    state = load_state(path, expected, torch_dtype, keep_bf16_matrices=compact)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     model.load_state_dict(state, strict=False, assign=True)

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..layers.attention import AttentionBackend
 from ..layers.linear import Linear
+from ..ops.linear import padded_linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
@@ -45,6 +46,8 @@ class MTPHead(nn.Module):
         self.norm = RMSNorm(h, eps) if norms else None
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         self._shared = None  # (embed_tokens, lm_head) of the target: a tuple, so not registered
+        self.draft_vocab: Optional[torch.Tensor] = None   # token ids the head may propose (None: all)
+        self._draft_lm_head: Optional[torch.Tensor] = None
 
     def bind(self, target) -> "MTPHead":
         """Shares the target's embedding and lm_head (by reference; nothing is copied)."""
@@ -52,7 +55,21 @@ class MTPHead(nn.Module):
             raise ValueError(f"MTP head hidden size {self.config.hidden_size} does not match the target's "
                              f"{target.config.hidden_size}")
         self._shared = (target.model.embed_tokens, target.lm_head)
+        self.set_draft_vocab(self.draft_vocab)
         return self
+
+    def set_draft_vocab(self, token_ids: Optional[torch.Tensor]) -> None:
+        """Restricts proposals to ``token_ids`` (frequency-ranked drafting): logits are
+        computed for those rows of the target's lm_head only (gathered at inference time,
+        never saved) and are -inf elsewhere. Verification stays exact whatever the set."""
+        self.draft_vocab = None if token_ids is None else token_ids.to(torch.long)
+        if self.draft_vocab is not None and self._shared is not None:
+            V = self._shared[1].weight.shape[0]
+            if self.draft_vocab.numel() and (int(self.draft_vocab.min()) < 0 or int(self.draft_vocab.max()) >= V):
+                raise ValueError(f"draft vocabulary ids must lie in [0, {V})")
+            w = self._shared[1].weight
+            self.draft_vocab = self.draft_vocab.to(w.device)
+            self._draft_lm_head = w.detach()[self.draft_vocab].contiguous()
 
     @property
     def vocab_size(self) -> int:
@@ -67,7 +84,7 @@ class MTPHead(nn.Module):
                 features: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``input_ids`` (n,) = t_{i+1}, ``features`` (n, hidden) = h_i, ``positions`` (n,) = i
         -> predicted features (n, hidden) for positions i + 1."""
-        e, h = self.embed(input_ids), features.to(self.fc.weight.dtype)
+        e, h = self.embed(input_ids).to(self.compute_dtype), features.to(self.compute_dtype)
         if self.enorm is not None:
             e, h = self.enorm(e), self.hnorm(h)
         x = self.fc(torch.cat([e, h], dim=-1))
@@ -75,9 +92,18 @@ class MTPHead(nn.Module):
         x = self.layer(x, cos, sin, attn)
         return self.norm(x) if self.norm is not None else x
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.layer.post_attention_layernorm.weight.dtype
+
     def compute_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """(n, hidden) -> float32 logits through the target's lm_head."""
-        return self._shared[1](features).float()
+        """(n, hidden) -> float32 logits through the target's lm_head (-inf outside the
+        draft vocabulary when one is set)."""
+        if self.draft_vocab is None or torch.is_grad_enabled():
+            return self._shared[1](features).float()
+        out = features.new_full((features.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)
+        out[:, self.draft_vocab] = padded_linear(features, self._draft_lm_head).float()
+        return out
 
     def fuse_projections(self) -> None:
         self.layer.self_attn.fuse()

@@ -23,6 +23,7 @@ from .loader import load_state, parse_dtype, weight_files
 from .mtp import MTPHead
 
 ARCHITECTURE = "SonarspecMTPHead"
+DRAFT_VOCAB = "draft_vocab"   # optional (sonarspec format): token ids the head proposes
 _DEEPSEEK = re.compile(r"^model\.layers\.(\d+)\.eh_proj\.weight$")
 
 
@@ -91,8 +92,9 @@ def head_config(path: str, target_cfg: ModelConfig) -> Tuple[ModelConfig, str, O
     return cfg, fmt, layer, layout
 
 
-def load_mtp_head(path: str, target, dtype="float32", device="cpu") -> MTPHead:
-    """Loads the head in ``path`` (any supported layout) and binds it to ``target``."""
+def load_mtp_head(path: str, target, dtype="float32", device="cpu", compact_weights: bool = True) -> MTPHead:
+    """Loads the head in ``path`` (any supported layout) and binds it to ``target``;
+    ``compact_weights`` as in ``models.loader.load_model``."""
     cfg, fmt, layer, layout = head_config(path, target.config)
     torch_dtype = parse_dtype(dtype)
     with torch.device("meta"):
@@ -104,8 +106,13 @@ def load_mtp_head(path: str, target, dtype="float32", device="cpu") -> MTPHead:
                               f"decoder blocks are supported (not MLA / MoE)")
     shapes = {keys[n]: p.shape for n, p in head.named_parameters()}
     _check_shared(path, fmt, layer, files, target.config)
-    state = load_state(path, shapes, torch_dtype)
+    compact = compact_weights and torch_dtype == torch.float32 and torch.device(device).type == "cpu"
+    state = load_state(path, shapes, torch_dtype, keep_bf16_matrices=compact)
     head.load_state_dict({n: state[k] for n, k in keys.items()}, strict=True, assign=True)
+    if fmt == "sonarspec" and DRAFT_VOCAB in files:
+        n = int(_read_config(path).get("draft_vocab_size", -1))
+        vocab = load_state(path, {DRAFT_VOCAB: torch.Size([n])}, torch.int64)[DRAFT_VOCAB]
+        head.set_draft_vocab(vocab)
     head.rotary = head.rotary.__class__(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                         cfg.rope_scaling)
     head = head.to(device).eval().requires_grad_(False)
@@ -143,10 +150,14 @@ def save_mtp_head(head: MTPHead, path: str, fmt: str = "sonarspec", dtype="float
         raise ValueError("the deepseek layout names the layer after the target's: pass target_num_layers")
     keys = _key_map(fmt, target_num_layers, head)
     state = {keys[n]: p.detach().to(torch_dtype).contiguous().clone() for n, p in head.named_parameters()}
+    if fmt == "sonarspec" and head.draft_vocab is not None:
+        state[DRAFT_VOCAB] = head.draft_vocab.cpu().contiguous()
     d = head.config.to_hf_dict()
     d["torch_dtype"] = str(torch_dtype).replace("torch.", "")
     if fmt == "sonarspec":
         d.update(architectures=[ARCHITECTURE], mtp_layout=head.layout)
+        if head.draft_vocab is not None:
+            d["draft_vocab_size"] = int(head.draft_vocab.numel())
     elif fmt == "deepseek":
         d.update(num_hidden_layers=target_num_layers, num_nextn_predict_layers=1)
     d.update(extra_config or {})

@@ -38,23 +38,38 @@ def native_threads() -> int:
     return _native_threads.get() or torch.get_num_threads()
 
 
-def uses_native_gemm(num_rows: int, device: torch.device, dtype: torch.dtype) -> bool:
-    return 0 < num_rows <= SMALL_M_MAX_ROWS and device.type == "cpu" and dtype == torch.float32
+# Rows up to which float32 activations against bfloat16 weights ("compact weights", see
+# ``models.loader.load_model``) use the native kernel, which widens the weights in
+# registers; beyond it the weights are widened for torch's GEMM on each call.
+COMPACT_MAX_ROWS = 64
+
+
+def uses_native_gemm(num_rows: int, device: torch.device, dtype: torch.dtype, compact: bool = False) -> bool:
+    """Whether a float32 GEMM of ``num_rows`` rows goes to the native kernel (``compact``:
+    the weights are bfloat16)."""
+    limit = COMPACT_MAX_ROWS if compact else SMALL_M_MAX_ROWS
+    return 0 < num_rows <= limit and device.type == "cpu" and dtype == torch.float32
 
 
 def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Same contract as ``torch.nn.functional.linear``: x (..., in_features), weight
     (out_features, in_features), bias (out_features,) -> (..., out_features).
 
-    float32 CPU inputs with at most ``SMALL_M_MAX_ROWS`` rows and no autograd use the
-    register-blocked native kernel; everything else goes to ``F.linear``."""
+    float32 CPU inputs with few rows and no autograd use the register-blocked native kernel
+    (float32 weights: up to ``SMALL_M_MAX_ROWS`` rows; bfloat16 weights: up to
+    ``COMPACT_MAX_ROWS``, widened exactly in registers); everything else goes to
+    ``F.linear``, with bfloat16 weights widened to the activations' dtype first."""
     rows = x.numel() // x.shape[-1] if x.dim() else 0
-    if (uses_native_gemm(rows, x.device, x.dtype) and weight.dtype == torch.float32 and weight.dim() == 2
-            and weight.shape[1] == x.shape[-1] and weight.is_contiguous() and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+    compact = weight.dtype == torch.bfloat16
+    if (uses_native_gemm(rows, x.device, x.dtype, compact) and weight.dtype in (torch.float32, torch.bfloat16)
+            and weight.dim() == 2 and weight.shape[1] == x.shape[-1] and weight.is_contiguous()
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         xc = x.contiguous()
         out = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32)
         _C.small_gemm(xc.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
-                      rows, weight.shape[0], weight.shape[1], native_threads())
+                      rows, weight.shape[0], weight.shape[1], native_threads(), compact)
         return out
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
     return F.linear(x, weight, bias)

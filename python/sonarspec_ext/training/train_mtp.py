@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from typing import List, Optional, Sequence
 
+import numpy as np
 import torch
 
 from ..models.loader import checkpoint_fingerprint, load_model
@@ -60,11 +61,18 @@ def validate_in_engine(target_dir: str, head_dir: str, prompts: List[List[int]],
             "equal_to_plain_decoding": got == plain}
 
 
+def frequent_tokens(windows_: np.ndarray, vocab_size: int, n: int):
+    """(the ``n`` most frequent token ids, sorted; the share of tokens they cover)."""
+    counts = np.bincount(windows_.reshape(-1), minlength=vocab_size)
+    ids = np.sort(np.argsort(-counts, kind="stable")[:n])
+    return torch.from_numpy(ids.astype(np.int64)), float(counts[ids].sum() / counts.sum())
+
+
 def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str] = None, layout: str = "rmsnorm",
               seq_len: int = 256, max_windows: int = 2000, feature_dtype: str = "bfloat16",
               formats: Sequence[str] = ("sonarspec",), exclude: Sequence[str] = (), resume: bool = False,
               validate_prompts: int = 16, validate_tokens: int = 64, cfg: Optional[TrainConfig] = None,
-              log=print) -> dict:
+              draft_vocab_size: int = 0, log=print) -> dict:
     cfg = cfg or TrainConfig()
     bad = [f for f in formats if f not in EXPORT_FORMATS]
     if bad:
@@ -93,10 +101,16 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     head = MTPHead(head_cfg, layout).bind(target)
     history = train_head(head, train_fs, val_fs, cfg, os.path.join(work, f"train-{layout}"), resume, log)
     head.eval()
+    coverage = None
+    if draft_vocab_size:
+        ids, coverage = frequent_tokens(train_win, target.config.vocab_size, draft_vocab_size)
+        head.set_draft_vocab(ids)
+        log(f"draft vocabulary: the {len(ids)} most frequent tokens cover {coverage:.1%} of the training tokens")
     info = {"target_fingerprint": fp, "tokenizer_fingerprint": tok_fp, "layout": layout, "data": list(data),
             "seq_len": seq_len, "train_windows": len(train_win), "val_windows": len(val_win),
             "train": history["config"], "final_val": history["val"][-1] if history["val"] else None,
-            "num_params": sum(p.numel() for p in head.parameters())}
+            "num_params": sum(p.numel() for p in head.parameters()),
+            "draft_vocab_size": draft_vocab_size or None, "draft_vocab_coverage": coverage}
     export_head(head, out, "sonarspec", target.config.num_hidden_layers, info)
     for fmt in formats:
         if fmt != "sonarspec":
