@@ -44,7 +44,7 @@ void ThreadPool::drain() {
 void ThreadPool::worker(uint64_t seen) {
   for (;;) {
     // Spin for a short while (back-to-back kernel calls), then sleep.
-    for (int spin = 0; spin < 20000 && generation_.load(std::memory_order_acquire) == seen; ++spin)
+    for (int spin = 0; spin < 2000 && generation_.load(std::memory_order_acquire) == seen; ++spin)
       SONARSPEC_PAUSE();
     if (generation_.load(std::memory_order_acquire) == seen) {
       std::unique_lock<std::mutex> lock(mu_);
