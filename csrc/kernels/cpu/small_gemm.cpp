@@ -49,7 +49,13 @@ __attribute__((target("avx2,fma"))) void block(const float* x, const W* w, float
   int64_t kk = 0;
   for (; kk + 8 <= k; kk += 8) {
     __m256 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = load8(w + (n0 + j) * k + kk);
+    for (int j = 0; j < NR; ++j) {
+      wv[j] = load8(w + (n0 + j) * k + kk);
+      // The next block's rows, one cache line ahead: weights arrive from L3 or memory
+      // (the model's other layers evicted them), and a block with several x rows
+      // computes long enough to hide the latency.
+      _mm_prefetch(reinterpret_cast<const char*>(w + (n0 + NR + j) * k + kk), _MM_HINT_T0);
+    }
     for (int i = 0; i < MR; ++i) {
       __m256 xv = _mm256_loadu_ps(x + (m0 + i) * k + kk);
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
