@@ -71,14 +71,22 @@ __attribute__((target("avx2,fma"))) void block(const float* x, const W* w, float
 }
 
 // All rows of an x chunk (MR <= 8) share one pass over the weights; NR weight rows
-// per step keep MR * NR <= 12 accumulators in registers.
+// per step keep at most 12 accumulators in registers. More than 4 rows run as two row
+// groups against the same NR weight rows, the second reading them from L1.
 template <int MR, typename W>
 __attribute__((target("avx2,fma"))) void pass(const float* x, const W* w, float* y, int64_t m0, int64_t n,
                                               int64_t k, int64_t n_begin, int64_t n_end) {
-  constexpr int NR = MR <= 3 ? 4 : (MR == 4 ? 3 : (MR <= 6 ? 2 : 1));
+  constexpr int NR = MR <= 3 ? 4 : 3;
+  constexpr int HI = MR > 4 ? 4 : MR, LO = MR > 4 ? MR - 4 : 0;
   int64_t j = n_begin;
-  for (; j + NR <= n_end; j += NR) block<MR, NR>(x, w, y, m0, j, n, k);
-  for (; j < n_end; ++j) block<MR, 1>(x, w, y, m0, j, n, k);
+  for (; j + NR <= n_end; j += NR) {
+    block<HI, NR>(x, w, y, m0, j, n, k);
+    if constexpr (LO > 0) block<LO, NR>(x, w, y, m0 + HI, j, n, k);
+  }
+  for (; j < n_end; ++j) {
+    block<HI, 1>(x, w, y, m0, j, n, k);
+    if constexpr (LO > 0) block<LO, 1>(x, w, y, m0 + HI, j, n, k);
+  }
 }
 
 template <typename W>
