@@ -34,8 +34,8 @@ def sampled_windows(target_dir: str, n: int, length: int, seed: int = 0) -> np.n
 
 
 def trained_head(target_dir: str, work: str, layout: str = "rmsnorm", steps: int = 150) -> MTPHead:
-    from sonarspec_ext.training.features import FeatureSet, compute_features
-    from sonarspec_ext.training.mtp_train import TrainConfig, train_head
+    from sonarspec_ext.train.features import FeatureSet, compute_features
+    from sonarspec_ext.train.mtp_train import TrainConfig, train_head
     win = sampled_windows(target_dir, 72, 48)
     target = load_model(target_dir)
     compute_features(target, win[:64], f"{work}/features/train", "t", "k", "float32", log=lambda *_: None)

@@ -12,10 +12,10 @@ from mtp_fixtures import random_head, sampled_windows
 from sonarspec_ext.cli import main
 from sonarspec_ext.layers.attention import DenseCausalAttention
 from sonarspec_ext.models.loader import load_model
-from sonarspec_ext.training.data import read_corpus
-from sonarspec_ext.training.features import FeatureSet, compute_features
-from sonarspec_ext.training.mtp_train import TrainConfig, train_head, unrolled_features
-from sonarspec_ext.training.unroll import chain_mask
+from sonarspec_ext.train.data import read_corpus
+from sonarspec_ext.train.features import FeatureSet, compute_features
+from sonarspec_ext.train.mtp_train import TrainConfig, train_head, unrolled_features
+from sonarspec_ext.train.unroll import chain_mask
 
 QUIET = dict(log=lambda *_: None)
 
@@ -54,7 +54,7 @@ def test_unrolled_training_equals_chain_inference(llama_dir):
 def test_features_match_transformers_and_resume(llama_dir, tmp_path):
     win = sampled_windows(llama_dir, 5, 16)
     target = load_model(llama_dir)
-    import sonarspec_ext.training.features as feat
+    import sonarspec_ext.train.features as feat
     old = feat.SHARD_WINDOWS
     feat.SHARD_WINDOWS = 2
     try:
@@ -85,7 +85,7 @@ def test_training_resumes_exactly(llama_dir, tmp_path, monkeypatch):
     straight = random_head(llama_dir)
     hist = train_head(straight, fs, fs, cfg, str(tmp_path / "a"), **QUIET)
     assert hist["train"][-1]["loss"] < hist["train"][0]["loss"]
-    import sonarspec_ext.training.mtp_train as mt
+    import sonarspec_ext.train.mtp_train as mt
     real, calls = mt.evaluate, []
 
     def crash_on_second(*a):   # the run dies at step 6, after the step-3 checkpoint

@@ -28,7 +28,7 @@ from sonarspec_ext.layers.attention import DenseCausalAttention  # noqa: E402
 from sonarspec_ext.models.config import ModelConfig  # noqa: E402
 from sonarspec_ext.models.llama import LlamaForCausalLM  # noqa: E402
 from sonarspec_ext.models.loader import save_model  # noqa: E402
-from sonarspec_ext.training.data import is_validation  # noqa: E402  (about 5% of files)
+from sonarspec_ext.train.data import is_validation  # noqa: E402  (about 5% of files)
 
 EOT = "<|endoftext|>"
 TEST_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "testing"}

@@ -76,8 +76,8 @@ def _bench(args) -> int:
 
 def _train_mtp(args) -> int:
     from .assets import resolve
-    from .training.mtp_train import TrainConfig
-    from .training.train_mtp import train_mtp
+    from .train.mtp_train import TrainConfig
+    from .train.train_mtp import train_mtp
     cfg = TrainConfig(max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
                       ce_weight=args.ce_weight, noise=args.noise, seed=args.seed, eval_every=args.eval_every,
                       checkpoint_every=args.eval_every, warmup=min(50, max(1, args.max_steps // 10)))
