@@ -81,3 +81,44 @@ def test_pages_return_after_random_requests_aborts_and_preemption(llama_dir, dra
     eng = run_random_workload(llm, seed=3)
     assert eng.planner.num_free_pages == 60 and not eng.proposer.state
     assert sum(s["num_preemptions"] for s in eng.finished_stats) > 0
+
+
+def _record_proposals(llm):
+    """Wraps the proposer: returns a list that collects (seq_id, num_tokens, draft ids)."""
+    log, real = [], llm.engine.proposer.propose
+
+    def propose(seqs, ks):
+        drafts = real(seqs, ks)
+        log.extend((s.seq_id, s.num_tokens, d.token_ids) for s, d in zip(seqs, drafts))
+        return drafts
+    llm.engine.proposer.propose = propose
+    return log
+
+
+@pytest.mark.parametrize("method", ["draft_target", "mtp"])
+def test_speculation_pauses_under_load_and_resumes_losslessly(method, llama_dir, draft_dir, plain_greedy, tmp_path):
+    """spec_max_batch=2: while more sequences decode the steps run plain and the drafter
+    defers its refill; as requests finish, speculation resumes after a catch-up that
+    leaves the drafter exactly where an unpaused one would be (same drafts)."""
+    from mtp_fixtures import random_head, save
+    draft = draft_dir if method == "draft_target" else save(random_head(llama_dir), str(tmp_path / "head"))
+    spec = SpecConfig(method=method, draft=draft, num_draft_tokens=3)
+    ps = prompts(6, seed=70)
+    lens = [6, 10, 14, 30, 40, 50]   # requests finish one after another: the batch shrinks
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lens]
+    llm = LLM(llama_dir, spec=spec, spec_max_batch=2)
+    log = _record_proposals(llm)
+    got = [o.token_ids for o in llm.generate(ps, params)]
+    assert got == [plain_greedy([p], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))[0]
+                   for p, n in zip(ps, lens)]
+    eng = llm.engine
+    assert eng.planner.num_free_pages == eng.kv_cache.num_pages and not eng.proposer.state
+    last = {n: d for sid, n, d in log if sid == 5}   # the longest request, drafted only after resuming
+    assert last and min(last) > len(ps[5]) + 14   # it decoded paused first
+    alone = LLM(llama_dir, spec=spec)
+    alone_log = _record_proposals(alone)
+    alone.generate([ps[5]], params[5])
+    ref = {n: d for _, n, d in alone_log}
+    assert all(last[n] == ref[n] for n in last)
+    with pytest.raises(ValueError, match="spec_max_batch"):
+        LLM(llama_dir, spec_max_batch=-1)

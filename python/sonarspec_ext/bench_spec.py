@@ -52,7 +52,7 @@ def _schemes(draft_dir: Optional[str], mtp_dir: Optional[str], ks, mtp_ks, with_
 def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2, 4, 6), batch_sizes=(1, 8),
                max_tokens: int = 96, repeats: int = 3, with_transformers: bool = True,
                threads: Optional[int] = None, mtp: Optional[str] = None, mtp_ks=(1, 2, 3, 4),
-               with_ngram: bool = True) -> dict:
+               with_ngram: bool = True, spec_max_batch: Optional[int] = None) -> dict:
     """Every scheme on the same prompts in one process. Each scheme's greedy output is
     first checked equal to plain decoding; timing rounds are interleaved across schemes
     (round r times every scheme once) so machine noise hits all of them alike; the
@@ -64,7 +64,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     mtp_dir = resolve(mtp, "mtp") if mtp else None
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram)
-    llms = {name: LLM(target_dir, spec=spec) for name, spec in schemes}
+    llms = {name: LLM(target_dir, spec=spec, spec_max_batch=spec_max_batch) for name, spec in schemes}
     rows = []
     for bs in batch_sizes:
         ref = [o.token_ids for o in _run_llm(llms["plain"], PROMPTS, params, bs)]
@@ -87,7 +87,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                          "accepted_per_position": [round(a, 3) for a in s["accepted_per_position"]]})
         if with_transformers and bs == 1 and draft_dir:
             rows += _bench_transformers(target_dir, draft_dir, ref, max_tokens, repeats, base)
-    return {"target": target_dir, "draft": draft_dir, "mtp": mtp_dir, "max_tokens": max_tokens,
+    return {"target": target_dir, "draft": draft_dir, "mtp": mtp_dir, "spec_max_batch": spec_max_batch,
+            "max_tokens": max_tokens,
             "num_prompts": len(PROMPTS), "repeats": repeats, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "results": rows}
 

@@ -58,7 +58,8 @@ def _bench(args) -> int:
             raise ValueError("--spec mtp needs an MTP head: pass --mtp DIR (no packaged head is installed)")
         full = args.spec == "all"
         info = bench_spec(target, args.draft, args.ks, args.batch_sizes, args.max_tokens, args.repeats,
-                          full and not args.no_transformers, args.threads, mtp, args.mtp_ks, with_ngram=full)
+                          full and not args.no_transformers, args.threads, mtp, args.mtp_ks, with_ngram=full,
+                          spec_max_batch=args.spec_max_batch)
         print_spec_table(info)
         if args.json:
             write_json(info, args.json)
@@ -144,6 +145,8 @@ def main(argv=None) -> int:
     b.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6], help="draft_target draft lengths")
     b.add_argument("--mtp", default="default", help="MTP head dir for --spec all/mtp ('default': packaged head)")
     b.add_argument("--mtp-ks", type=int, nargs="+", default=[1, 2, 3, 4], help="MTP draft lengths")
+    b.add_argument("--spec-max-batch", type=int, default=None,
+                   help="speculate only while at most this many sequences decode (engine option spec_max_batch)")
     b.add_argument("--plot", default=None, help="write a PNG chart (--spec all; needs matplotlib)")
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--prompt-len", type=int, default=32)

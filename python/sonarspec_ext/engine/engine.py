@@ -40,12 +40,15 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: Optional[int] = None  # default: the model's max_position_embeddings
     draft_sampling: bool = False         # draft_target: sample drafts from q instead of its top token
+    spec_max_batch: Optional[int] = None  # speculate only while at most this many sequences decode
 
     def __post_init__(self):
         for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.spec_max_batch is not None and (not isinstance(self.spec_max_batch, int) or self.spec_max_batch < 0):
+            raise ValueError(f"spec_max_batch must be None or an integer >= 0, got {self.spec_max_batch!r}")
 
 
 class Engine:
@@ -141,8 +144,12 @@ class Engine:
         if not scheduled:
             return []
         batch = [(self.seqs[sid], start, n) for sid, start, n in scheduled]
-        decode = [seq for seq, start, n in batch
-                  if n == 1 and start == seq.num_tokens - 1 and self.proposer.ready(seq)]
+        decoding = [seq for seq, start, n in batch if n == 1 and start == seq.num_tokens - 1]
+        # Under load (more decoding sequences than spec_max_batch) the step decodes plainly
+        # and drafters defer their refills, catching up once speculation resumes.
+        limit = self.config.spec_max_batch
+        self.proposer.paused = limit is not None and len(decoding) > limit
+        decode = [] if self.proposer.paused else [seq for seq in decoding if self.proposer.ready(seq)]
         ks = [self._num_drafts(seq) for seq in decode]
         t1 = time.perf_counter()
         drafts = dict(zip((s.seq_id for s in decode), self.proposer.propose(decode, ks)))

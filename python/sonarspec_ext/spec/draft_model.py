@@ -64,12 +64,14 @@ class DraftModelProposer(Proposer):
     def after_step(self, records: Sequence[StepRecord]) -> None:
         rows = []
         for r in records:
-            if not r.frontier:
-                continue   # prefill chunks: the draft prefills over the whole prompt at the last one
+            if not r.frontier or (self.paused and r.decoded):
+                continue   # prefill chunks: prefilled at the last one; paused decodes: caught up later
             seq, st = r.seq, self.state.get(r.seq.seq_id)
-            # Draft KV is valid for the known tokens plus the accepted drafts it wrote (all but the last).
-            num_written = max(0, len(r.draft.token_ids) - 1) if r.draft else 0
-            valid = 0 if st is None else r.n_before + min(r.num_accepted, num_written)
+            # Draft KV is valid for the tokens it has seen plus the accepted drafts it wrote
+            # (all but the last); a draft that fell behind (paused steps) restarts where it stopped.
+            valid = 0 if st is None else min(st[0], r.n_before)
+            if st is not None and st[0] == r.n_before and r.draft is not None:
+                valid += min(r.num_accepted, max(0, len(r.draft.token_ids) - 1))
             rows.append((seq, valid, seq.all_ids[valid:]))
         if not rows:
             return

@@ -27,6 +27,7 @@ class _HeadState:
     valid: int                              # head KV positions 0 .. valid-1 hold accurate entries
     logits: Optional[torch.Tensor] = None   # predicts token ``valid + 1``
     feature: Optional[torch.Tensor] = None  # predicted target feature at position ``valid``
+    pending: Optional[torch.Tensor] = None  # target features of positions valid.. not yet run (paused steps)
 
 
 class MTPProposer(Proposer):
@@ -89,16 +90,24 @@ class MTPProposer(Proposer):
         for r in records:
             seq, st = r.seq, self.state.get(r.seq.seq_id)
             valid = 0 if st is None else st.valid
-            if r.start > valid or r.hidden is None or not len(r.hidden):
+            start, hidden = r.start, r.hidden
+            if st is not None and st.pending is not None:   # features held back by paused steps
+                start, hidden = valid, torch.cat([st.pending, r.hidden])
+                gap = valid + len(st.pending) != r.start
+            else:
+                gap = r.start > valid
+            if gap or r.hidden is None or not len(r.hidden):
                 self.state.pop(seq.seq_id, None)   # a gap in the head's KV: stop drafting for it
                 continue
-            m = r.hidden.shape[0]
-            rows.append((seq, r.start, seq.all_ids[r.start + 1:r.start + 1 + m], r.hidden))
-            owners.append(r)
+            if self.paused and r.decoded and st is not None:
+                self.state[seq.seq_id] = _HeadState(valid, pending=hidden)   # run it once speculation resumes
+                continue
+            m = hidden.shape[0]
+            rows.append((seq, start, seq.all_ids[start + 1:start + 1 + m], hidden))
+            owners.append((r, start + m))
         if not rows:
             return
         logits, feats = self.run_head(rows)
-        for i, r in enumerate(owners):
-            valid = r.start + r.hidden.shape[0]
+        for i, (r, valid) in enumerate(owners):
             self.state[r.seq.seq_id] = (_HeadState(valid, logits[i], feats[i]) if r.frontier
                                         else _HeadState(valid))

@@ -38,6 +38,11 @@ class StepRecord:
     frontier: bool                # the step reached the sequence's last token and emitted tokens
     hidden: Optional[torch.Tensor] = None
 
+    @property
+    def decoded(self) -> bool:
+        """A plain decode step: one token in, one token out, no drafts."""
+        return self.frontier and self.draft is None and self.start == self.n_before - 1
+
 
 class Proposer:
     #: extra KV slots each decoding sequence needs beyond its next token
@@ -45,6 +50,9 @@ class Proposer:
     max_draft_tokens: int = 0
     #: whether ``after_step`` needs the target's final hidden states
     needs_hidden: bool = False
+    #: set by the engine for a step that decodes without speculation (under load): the
+    #: proposer may defer the work that follows a decoded token and catch up later
+    paused: bool = False
 
     def ready(self, seq) -> bool:
         """Whether ``seq`` can be drafted for in this step."""
