@@ -34,6 +34,9 @@ def export_head(head: MTPHead, out: str, fmt: str, target_num_layers: int, info:
     """Writes the head to ``out`` through a temporary directory, so a failed export never
     leaves a directory that looks complete."""
     tmp = tempfile.mkdtemp(prefix=".export-", dir=os.path.dirname(os.path.abspath(out)) or ".")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)   # mkdtemp makes it private; the head is an ordinary directory
     try:
         save_mtp_head(head, tmp, fmt, target_num_layers=target_num_layers)
         with open(os.path.join(tmp, "training.json"), "w") as fh:
