@@ -10,7 +10,7 @@ from sonarspec_ext.engine.runner import ModelRunner
 from sonarspec_ext.models.loader import load_model
 
 
-def paged_logits(model, prompts, continuations, page_size, num_pages=256):
+def paged_logits(model, prompts, continuations, page_size, num_pages=256, native=False):
     """Prefills every prompt in one batch, then decodes the continuation tokens one per
     step for the whole batch; returns per sequence the logits at every position."""
     cfg = model.config
@@ -32,7 +32,7 @@ def paged_logits(model, prompts, continuations, page_size, num_pages=256):
             ids.extend(seqs[sid][start:start + n])
             rows.append((start, n, planner.page_table(sid)))
             all_idx.append((sid, list(range(len(ids) - n, len(ids)))))
-        meta, pos = build_metadata(rows, page_size, "cpu", cfg.sliding_window)
+        meta, pos = build_metadata(rows, page_size, "cpu", cfg.sliding_window, native_attention=native)
         idx = torch.tensor([i for _, r in all_idx for i in r])
         logits = runner.forward(torch.tensor(ids), pos, meta, idx)
         k = 0
@@ -48,7 +48,8 @@ def paged_logits(model, prompts, continuations, page_size, num_pages=256):
 
 @pytest.mark.parametrize("fixture", ["llama_dir", "qwen_dir", "mistral_dir"])
 @pytest.mark.parametrize("page_size", [1, 3, 16])
-def test_prefill_and_decode_logits_match_transformers(fixture, page_size, request):
+@pytest.mark.parametrize("native", [False, True], ids=["sdpa", "native_attention"])
+def test_prefill_and_decode_logits_match_transformers(fixture, page_size, native, request):
     path = request.getfixturevalue(fixture)
     model = load_model(path)
     hf = hf_load(path)
@@ -56,7 +57,7 @@ def test_prefill_and_decode_logits_match_transformers(fixture, page_size, reques
     lens = [5, 17, 1, 33]
     prompts = [torch.randint(0, 290, (n,), generator=g).tolist() for n in lens]
     conts = [torch.randint(0, 290, (6,), generator=g).tolist() for _ in lens]
-    ours = paged_logits(model, prompts, conts, page_size)
+    ours = paged_logits(model, prompts, conts, page_size, native=native)
     for p, c, o in zip(prompts, conts, ours):
         with torch.no_grad():
             ref = hf(torch.tensor([p + c])).logits[0]

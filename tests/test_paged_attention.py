@@ -44,13 +44,16 @@ def test_empty_key_range_gives_zeros_and_bad_tensors_are_refused():
 
 def test_metadata_chooses_the_native_kernel_only_for_small_unmasked_steps():
     table = list(range(40))
-    meta, _ = build_metadata([(10, 3, table), (0, 5, table)], 4, "cpu", sliding_window=4)
+    meta, _ = build_metadata([(10, 3, table), (0, 5, table)], 4, "cpu", sliding_window=4, native_attention=True)
+    assert meta.mask is None   # the native kernel needs no mask
     token_seq, key_begin, key_end = meta.native
     assert token_seq.tolist() == [0, 0, 0, 1, 1, 1, 1, 1]
     assert key_end.tolist() == [11, 12, 13, 1, 2, 3, 4, 5]
     assert key_begin.tolist() == [7, 8, 9, 0, 0, 0, 0, 1]
-    big, _ = build_metadata([(0, NATIVE_ATTENTION_MAX_TOKENS + 1, table * 3)], 4, "cpu")
-    assert big.native is None
+    big, _ = build_metadata([(0, NATIVE_ATTENTION_MAX_TOKENS + 1, table * 3)], 4, "cpu", native_attention=True)
+    assert big.native is None and big.mask is not None
+    assert build_metadata([(10, 3, table)], 4, "cpu")[0].native is None   # not asked for (e.g. bf16 models)
     import numpy as np
-    tree, _ = build_metadata([(10, 2, table)], 4, "cpu", query_masks=[np.ones((2, 2), dtype=bool)])
+    tree, _ = build_metadata([(10, 2, table)], 4, "cpu", query_masks=[np.ones((2, 2), dtype=bool)],
+                             native_attention=True)
     assert tree.native is None

@@ -183,7 +183,8 @@ class Engine:
             if frontier:
                 logits_idx.extend(range(row + n - 1, len(input_ids)))
         meta, positions = build_metadata(rows, self.config.page_size, self.device,
-                                         self.model_config.sliding_window)
+                                         self.model_config.sliding_window,
+                                         native_attention=self.runner.dtype == torch.float32)
         t = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
         return t(input_ids), positions, meta, blocks, t(logits_idx)
 

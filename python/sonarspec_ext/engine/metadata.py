@@ -16,7 +16,8 @@ NATIVE_ATTENTION_MAX_TOKENS = 64
 def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: int, device,
                    sliding_window: Optional[int] = None,
                    query_masks: Optional[List[Optional[np.ndarray]]] = None,
-                   query_positions: Optional[List[Optional[np.ndarray]]] = None):
+                   query_positions: Optional[List[Optional[np.ndarray]]] = None,
+                   native_attention: bool = False):
     """``seqs``: (start, num_query_tokens, page_table) per sequence, in packed order.
 
     Returns (metadata, positions) where positions is (num_tokens,) int64. ``query_masks``
@@ -24,6 +25,8 @@ def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: in
     block (True = may attend), replacing the causal rule inside that block, and
     ``query_positions`` the RoPE positions of its query tokens (tree nodes share depths);
     by default queries sit at positions start .. start + num_query - 1.
+    ``native_attention`` (float32 models on the CPU): small steps without custom masks get
+    per-query key ranges for ``ops.paged_attention`` instead of a mask tensor.
     """
     B = len(seqs)
     q_lens = np.fromiter((s[1] for s in seqs), dtype=np.int64, count=B)
@@ -51,9 +54,15 @@ def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: in
         token_seq[offset:offset + n] = b
         key_end[offset:offset + n] = pos[start:] + 1
         offset += n
+    t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    native = None
+    if (native_attention and query_masks is None and len(positions) <= NATIVE_ATTENTION_MAX_TOKENS
+            and torch.device(device).type == "cpu"):
+        key_begin = np.maximum(key_end - sliding_window, 0) if sliding_window is not None else np.zeros_like(key_end)
+        native = (t(token_seq), t(key_begin), t(key_end))
     uniform = bool((q_lens == 1).all() and (kv_lens == kv_max).all()) and sliding_window is None
     mask = None
-    if not uniform or query_masks is not None:
+    if native is None and (not uniform or query_masks is not None):
         q_pos = np.zeros((B, q_max), dtype=np.int64)
         for b, (start, n, _) in enumerate(seqs):
             q_pos[b, :n] = np.arange(start, start + n)
@@ -66,11 +75,6 @@ def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: in
                 m[b, :n, start:start + n] = query_masks[b]
             m[b, n:, 0] = True  # padded query rows see one key so softmax stays finite
         mask = torch.from_numpy(m).unsqueeze(1).to(device)
-    t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
-    native = None
-    if query_masks is None and len(positions) <= NATIVE_ATTENTION_MAX_TOKENS and torch.device(device).type == "cpu":
-        key_begin = np.maximum(key_end - sliding_window, 0) if sliding_window is not None else np.zeros_like(key_end)
-        native = (t(token_seq), t(key_begin), t(key_end))
     meta = PagedAttentionMetadata(slot_mapping=t(slot_mapping), query_index=t(query_index),
                                   kv_slots=t(kv_slots), mask=mask, output_index=t(output_index),
                                   uniform_queries=bool((q_lens == q_max).all()), native=native)

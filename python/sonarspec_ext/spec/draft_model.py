@@ -46,7 +46,8 @@ class DraftModelProposer(Proposer):
             ids.extend(toks)
             meta_rows.append((start, len(toks), self.planner.page_table(seq.seq_id)))
             last.append(len(ids) - 1)
-        meta, positions = build_metadata(meta_rows, self.page_size, self.device, self.model.config.sliding_window)
+        meta, positions = build_metadata(meta_rows, self.page_size, self.device, self.model.config.sliding_window,
+                                         native_attention=self.runner.dtype == torch.float32)
         logits = self.runner.forward(torch.tensor(ids, device=self.device), positions, meta,
                                      torch.tensor(last, device=self.device))
         V = self.vocab_size

@@ -66,8 +66,8 @@ class MTPProposer(Proposer):
             feats.append(f)
             meta_rows.append((start, len(toks), self.planner.page_table(seq.seq_id)))
             last.append(len(ids) - 1)
-        meta, positions = build_metadata(meta_rows, self.page_size, self.device,
-                                         self.head.config.sliding_window)
+        meta, positions = build_metadata(meta_rows, self.page_size, self.device, self.head.config.sliding_window,
+                                         native_attention=self.runner.dtype == torch.float32)
         last_t = torch.tensor(last, device=self.device)
         return self.runner.forward(torch.tensor(ids, device=self.device), positions, meta, last_t,
                                    hidden_indices=last_t, features=torch.cat(feats))

@@ -100,7 +100,7 @@ def _run(runner: ModelRunner, win: np.ndarray, pages_per_window: int, page_size:
     b, T = win.shape
     rows = [(0, T, list(range(i * pages_per_window, (i + 1) * pages_per_window))) for i in range(b)]
     device = runner.kv_cache.k.device
-    meta, positions = build_metadata(rows, page_size, device)
+    meta, positions = build_metadata(rows, page_size, device, native_attention=runner.dtype == torch.float32)
     ids = torch.from_numpy(win.astype(np.int64).reshape(-1)).to(device)
     _, hidden = runner.forward(ids, positions, meta, torch.zeros(0, dtype=torch.long, device=device),
                                hidden_indices=slice(None))
