@@ -241,3 +241,19 @@ def test_draft_vocabulary_restricts_proposals_and_stays_lossless(llama_dir, head
     assert proposed and all(t % 2 == 0 for t in proposed)
     with pytest.raises(ValueError, match="draft vocabulary ids"):
         head.set_draft_vocab(torch.tensor([0, 300]))
+
+
+@pytest.mark.parametrize("fixture", ["qwen_dir", "mistral_dir"])
+@pytest.mark.parametrize("layout", ["rmsnorm", "eagle1"])
+def test_heads_for_biased_and_sliding_window_targets_at_the_context_limit(fixture, layout, request, tmp_path):
+    """Qwen2 (q/k/v biases in the head layer) and Mistral (sliding window in the head's
+    attention), with requests running into max_model_len: output equals plain decoding."""
+    target = request.getfixturevalue(fixture)
+    head = save(random_head(target, layout), str(tmp_path / "head"))
+    ps = prompts(8, seed=9)
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    ref = [o.token_ids for o in LLM(target, max_model_len=40).generate(ps, params)]
+    assert any(len(r) < 30 for r in ref)   # some requests stop at the context limit
+    for k in (1, 3):
+        llm = LLM(target, spec=SpecConfig(method="mtp", draft=head, num_draft_tokens=k), max_model_len=40)
+        assert [o.token_ids for o in llm.generate(ps, params)] == ref
