@@ -11,6 +11,6 @@ STDLIB=$($PY -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
 for LAYOUT in rmsnorm eagle1; do
   $PY -m sonarspec_ext.cli train-mtp --data "$STDLIB" --exclude "site-packages/*" "test*" "*/test*" "*/idle_test/*" \
     --out "$WORK/$LAYOUT" --work "$WORK/work" --layout $LAYOUT --max-steps 1200 --max-windows 4000 \
-    --unroll 2 --lr 1.5e-3 --eval-every 100 --resume
+    --unroll 2 --lr 1.5e-3 --eval-every 100 --export-dtype bfloat16 --resume
 done
 $PY tools/plot_mtp_experiment.py "$WORK" --png docs/bench/mtp_layouts.png --json docs/bench/mtp_layouts.json

@@ -84,7 +84,7 @@ def _train_mtp(args) -> int:
                       checkpoint_every=args.eval_every, warmup=min(50, max(1, args.max_steps // 10)))
     info = train_mtp(resolve(args.target, "target"), args.data, args.out, args.work, args.layout, args.seq_len,
                      args.max_windows, args.feature_dtype, args.formats, args.exclude, args.resume, cfg=cfg,
-                     draft_vocab_size=args.draft_vocab)
+                     draft_vocab_size=args.draft_vocab, export_dtype=args.export_dtype)
     print(f"head written to {args.out} ({info['num_params']} parameters)")
     return 0
 
@@ -108,6 +108,8 @@ def _add_train_mtp(sub) -> None:
     t.add_argument("--seq-len", type=int, default=256)
     t.add_argument("--max-windows", type=int, default=2000)
     t.add_argument("--feature-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    t.add_argument("--export-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the exported head's tensors (engine validation runs on the exported head)")
     t.add_argument("--eval-every", type=int, default=100)
     t.add_argument("--draft-vocab", type=int, default=0,
                    help="propose only the N most frequent training tokens (cheaper drafting; 0: all)")

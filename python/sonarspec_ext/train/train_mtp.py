@@ -30,7 +30,8 @@ def _check_writable(out: str) -> None:
         raise ValueError(f"output directory {out!r} cannot be written (check that {probe!r} exists and is writable)")
 
 
-def export_head(head: MTPHead, out: str, fmt: str, target_num_layers: int, info: dict) -> None:
+def export_head(head: MTPHead, out: str, fmt: str, target_num_layers: int, info: dict,
+                dtype: str = "float32") -> None:
     """Writes the head to ``out`` through a temporary directory, so a failed export never
     leaves a directory that looks complete."""
     tmp = tempfile.mkdtemp(prefix=".export-", dir=os.path.dirname(os.path.abspath(out)) or ".")
@@ -38,7 +39,7 @@ def export_head(head: MTPHead, out: str, fmt: str, target_num_layers: int, info:
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)   # mkdtemp makes it private; the head is an ordinary directory
     try:
-        save_mtp_head(head, tmp, fmt, target_num_layers=target_num_layers)
+        save_mtp_head(head, tmp, fmt, dtype=dtype, target_num_layers=target_num_layers)
         with open(os.path.join(tmp, "training.json"), "w") as fh:
             json.dump(info, fh, indent=2)
         if os.path.isdir(out):
@@ -75,7 +76,7 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
               seq_len: int = 256, max_windows: int = 2000, feature_dtype: str = "bfloat16",
               formats: Sequence[str] = ("sonarspec",), exclude: Sequence[str] = (), resume: bool = False,
               validate_prompts: int = 16, validate_tokens: int = 64, cfg: Optional[TrainConfig] = None,
-              draft_vocab_size: int = 0, log=print) -> dict:
+              draft_vocab_size: int = 0, export_dtype: str = "float32", log=print) -> dict:
     cfg = cfg or TrainConfig()
     bad = [f for f in formats if f not in EXPORT_FORMATS]
     if bad:
@@ -113,11 +114,12 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
             "seq_len": seq_len, "train_windows": len(train_win), "val_windows": len(val_win),
             "train": history["config"], "final_val": history["val"][-1] if history["val"] else None,
             "num_params": sum(p.numel() for p in head.parameters()),
-            "draft_vocab_size": draft_vocab_size or None, "draft_vocab_coverage": coverage}
-    export_head(head, out, "sonarspec", target.config.num_hidden_layers, info)
+            "draft_vocab_size": draft_vocab_size or None, "draft_vocab_coverage": coverage,
+            "export_dtype": export_dtype}
+    export_head(head, out, "sonarspec", target.config.num_hidden_layers, info, export_dtype)
     for fmt in formats:
         if fmt != "sonarspec":
-            export_head(head, f"{out.rstrip('/')}-{fmt}", fmt, target.config.num_hidden_layers, info)
+            export_head(head, f"{out.rstrip('/')}-{fmt}", fmt, target.config.num_hidden_layers, info, export_dtype)
     prompts = [w[:32].tolist() for w in val_win[:validate_prompts]]
     if prompts:
         info["engine_validation"] = validate_in_engine(target_dir, out, prompts, max(3, cfg.unroll), validate_tokens)
