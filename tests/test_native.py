@@ -132,3 +132,17 @@ def test_compact_weights_load_and_decode_like_float32_copies(tmp_path):
     llm = LLM(str(tmp_path / "bf16"))
     llm.engine.model = llm.engine.runner.model = wide
     assert a == [o.token_ids for o in llm.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("m", [1, 9, 33, 64, 65, 70])
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+def test_padded_linear_awkward_shapes_and_non_contiguous_inputs(m, weight_dtype):
+    from sonarspec_ext.ops.linear import padded_linear
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 2 * 45, generator=g)[:, ::2]          # non-contiguous rows of 45
+    w = torch.randn(77, 45, generator=g).to(weight_dtype)
+    b = torch.randn(77, generator=g)
+    ref = x.double() @ w.double().T + b.double()
+    torch.testing.assert_close(padded_linear(x, w, b), ref.float(), rtol=1e-5, atol=1e-4)
+    x3 = torch.randn(2, m, 45, generator=g)                   # leading batch dims
+    torch.testing.assert_close(padded_linear(x3, w), (x3.double() @ w.double().T).float(), rtol=1e-5, atol=1e-4)
