@@ -8,15 +8,9 @@ import time
 
 def _auto_spec(model: str) -> str:
     """MTP when a head is at hand (the packaged target's, or one inside the checkpoint), else none."""
-    if model == "default":
-        return "mtp" if _packaged("mtp") else "none"
-    from .models.loader import weight_files
-    from .models.mtp_loader import detect_format
-    try:
-        detect_format(weight_files(model))
-        return "mtp"
-    except ValueError:
-        return "none"
+    from .assets import resolve
+    from .spec.factory import find_mtp_head
+    return "mtp" if find_mtp_head(resolve(model, "target")) is not None else "none"
 
 
 def _generate(args) -> int:

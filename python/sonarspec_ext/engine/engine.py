@@ -19,7 +19,6 @@ from ..models.loader import load_model, parse_dtype
 from ..models.tokenizer import Tokenizer
 from ..params import SamplingParams, SpecConfig
 from .kv_cache import KVCache, num_pages_for_budget
-from .metadata import build_metadata
 from .runner import ModelRunner
 from .sampler import sample
 from .sequence import Sequence
@@ -154,7 +153,7 @@ class Engine:
         t1 = time.perf_counter()
         drafts = dict(zip((s.seq_id for s in decode), self.proposer.propose(decode, ks)))
         t2 = time.perf_counter()
-        if getattr(self.proposer, "sync_free", False) and decode and len(decode) == len(batch) and all(
+        if self.proposer.sync_free and decode and len(decode) == len(batch) and all(
                 len(d.token_ids) == 1 for d in drafts.values()):
             got_tokens = sync_free_step(self, batch, drafts)
         else:
@@ -182,9 +181,7 @@ class Engine:
             blocks.append((seq, start, row, n, frontier, len(logits_idx), draft))
             if frontier:
                 logits_idx.extend(range(row + n - 1, len(input_ids)))
-        meta, positions = build_metadata(rows, self.config.page_size, self.device,
-                                         self.model_config.sliding_window,
-                                         native_attention=self.runner.dtype == torch.float32)
+        meta, positions = self.runner.metadata(rows, self.model_config.sliding_window)
         t = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
         return t(input_ids), positions, meta, blocks, t(logits_idx)
 

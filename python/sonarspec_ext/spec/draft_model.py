@@ -12,7 +12,6 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from ..engine.kv_cache import KVCache
-from ..engine.metadata import build_metadata
 from ..engine.runner import ModelRunner
 from ..models.loader import load_model
 from .proposer import Draft, Proposer, StepRecord, propose_chains
@@ -24,7 +23,7 @@ class DraftModelProposer(Proposer):
         self.model = load_model(draft_dir, dtype, device)
         self.kv_cache = KVCache(self.model.config, num_pages, page_size, dtype, device)
         self.runner = ModelRunner(self.model, self.kv_cache)
-        self.planner, self.page_size, self.device = planner, page_size, device
+        self.planner = planner
         self.vocab_size = target_vocab_size
         self.max_draft_tokens = num_draft_tokens
         self.lookahead = num_draft_tokens + 1   # the refill may write one slot past the chain
@@ -41,15 +40,8 @@ class DraftModelProposer(Proposer):
     def _run(self, rows: List[Tuple[object, int, List[int]]]) -> torch.Tensor:
         """One draft forward over (seq, start, token_ids) rows; logits at each row's last token,
         cut or padded to the target's vocabulary."""
-        ids, meta_rows, last = [], [], []
-        for seq, start, toks in rows:
-            ids.extend(toks)
-            meta_rows.append((start, len(toks), self.planner.page_table(seq.seq_id)))
-            last.append(len(ids) - 1)
-        meta, positions = build_metadata(meta_rows, self.page_size, self.device, self.model.config.sliding_window,
-                                         native_attention=self.runner.dtype == torch.float32)
-        logits = self.runner.forward(torch.tensor(ids, device=self.device), positions, meta,
-                                     torch.tensor(last, device=self.device))
+        logits = self.runner.forward_rows([(start, toks, self.planner.page_table(seq.seq_id))
+                                           for seq, start, toks in rows], self.model.config.sliding_window)
         V = self.vocab_size
         if logits.shape[-1] >= V:
             return logits[:, :V]

@@ -43,11 +43,9 @@ def resolve_draft(spec: SpecConfig, target_dir: str, target_tokenizer: Tokenizer
     return draft_dir, draft_cfg
 
 
-def _mtp_dir(spec: SpecConfig, target_dir: str) -> str:
-    """``draft=DIR`` as given; otherwise an MTP layer inside the target checkpoint
-    (DeepSeek-V3 style), else - for the packaged target - the packaged head."""
-    if spec.draft not in (None, "default"):
-        return spec.draft
+def find_mtp_head(target_dir: str) -> Optional[str]:
+    """The MTP head that goes with a target: an MTP layer inside its checkpoint
+    (DeepSeek-V3 style), else - for the packaged target - the packaged head, else None."""
     try:
         detect_format(weight_files(target_dir))
         return target_dir
@@ -58,6 +56,16 @@ def _mtp_dir(spec: SpecConfig, target_dir: str) -> str:
             return asset_path("mtp")
     except FileNotFoundError:
         pass
+    return None
+
+
+def _mtp_dir(spec: SpecConfig, target_dir: str) -> str:
+    """``draft=DIR`` as given, otherwise the target's own head (``find_mtp_head``)."""
+    if spec.draft not in (None, "default"):
+        return spec.draft
+    head = find_mtp_head(target_dir)
+    if head is not None:
+        return head
     raise ValueError(f"no MTP head for {target_dir}: the checkpoint holds no MTP layer and the packaged head "
                      f"belongs to the packaged target; pass SpecConfig(method='mtp', draft=DIR)")
 

@@ -16,7 +16,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..engine.kv_cache import KVCache
-from ..engine.metadata import build_metadata
 from ..engine.runner import ModelRunner
 from ..models.mtp import MTPHead
 from .proposer import Draft, Proposer, StepRecord, propose_chains
@@ -38,7 +37,7 @@ class MTPProposer(Proposer):
         self.head = head
         self.kv_cache = KVCache(head.config, num_pages, page_size, dtype, device)
         self.runner = ModelRunner(head, self.kv_cache)
-        self.planner, self.page_size, self.device = planner, page_size, device
+        self.planner = planner
         self.vocab_size = head.vocab_size
         self.max_draft_tokens = self.lookahead = num_draft_tokens
         self.sync_free = num_draft_tokens == 1   # the engine may use the single-token schedule
@@ -60,17 +59,9 @@ class MTPProposer(Proposer):
     def run_head(self, rows: List[Tuple[object, int, List[int], torch.Tensor]]):
         """One head forward over (seq, start position, tokens t_{i+1}, features h_i) rows ->
         (logits, features) at each row's last position."""
-        ids, feats, meta_rows, last = [], [], [], []
-        for seq, start, toks, f in rows:
-            ids.extend(toks)
-            feats.append(f)
-            meta_rows.append((start, len(toks), self.planner.page_table(seq.seq_id)))
-            last.append(len(ids) - 1)
-        meta, positions = build_metadata(meta_rows, self.page_size, self.device, self.head.config.sliding_window,
-                                         native_attention=self.runner.dtype == torch.float32)
-        last_t = torch.tensor(last, device=self.device)
-        return self.runner.forward(torch.tensor(ids, device=self.device), positions, meta, last_t,
-                                   hidden_indices=last_t, features=torch.cat(feats))
+        return self.runner.forward_rows([(start, toks, self.planner.page_table(seq.seq_id))
+                                         for seq, start, toks, _ in rows], self.head.config.sliding_window,
+                                        features=torch.cat([f for *_, f in rows]))
 
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
         states = [self.state[s.seq_id] for s in seqs]

@@ -50,6 +50,8 @@ class Proposer:
     max_draft_tokens: int = 0
     #: whether ``after_step`` needs the target's final hidden states
     needs_hidden: bool = False
+    #: whether all-decode steps with one draft each may run the single-token MTP schedule
+    sync_free: bool = False
     #: set by the engine for a step that decodes without speculation (under load): the
     #: proposer may defer the work that follows a decoded token and catch up later
     paused: bool = False

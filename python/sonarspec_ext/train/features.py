@@ -21,7 +21,6 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..engine.kv_cache import KVCache
-from ..engine.metadata import build_metadata
 from ..engine.runner import ModelRunner
 from ..models.loader import parse_dtype
 
@@ -80,7 +79,7 @@ def compute_features(target, windows: np.ndarray, out_dir: str, target_fp: str, 
         else:
             parts = []
             for b in range(lo, hi, batch_windows):
-                parts.append(_run(runner, windows[b:min(hi, b + batch_windows)], pages_per_window, page_size))
+                parts.append(_run(runner, windows[b:min(hi, b + batch_windows)], pages_per_window))
                 bar.update(parts[-1].shape[0])
             hidden = torch.cat(parts)
             tmp = path + ".tmp"
@@ -95,12 +94,12 @@ def compute_features(target, windows: np.ndarray, out_dir: str, target_fp: str, 
     return index
 
 
-def _run(runner: ModelRunner, win: np.ndarray, pages_per_window: int, page_size: int) -> torch.Tensor:
+def _run(runner: ModelRunner, win: np.ndarray, pages_per_window: int) -> torch.Tensor:
     """Prefills a batch of windows from position 0 -> final hidden states (b, T, H)."""
     b, T = win.shape
     rows = [(0, T, list(range(i * pages_per_window, (i + 1) * pages_per_window))) for i in range(b)]
-    device = runner.kv_cache.k.device
-    meta, positions = build_metadata(rows, page_size, device, native_attention=runner.dtype == torch.float32)
+    device = runner.device
+    meta, positions = runner.metadata(rows)
     ids = torch.from_numpy(win.astype(np.int64).reshape(-1)).to(device)
     _, hidden = runner.forward(ids, positions, meta, torch.zeros(0, dtype=torch.long, device=device),
                                hidden_indices=slice(None))
