@@ -5,7 +5,7 @@ import torch
 from conftest import hf_load
 from sonarspec_ext import _C
 from sonarspec_ext.engine.kv_cache import KVCache
-from sonarspec_ext.engine.metadata import build_metadata
+from sonarspec_ext.engine.metadata import TreeBlock, build_metadata, tree_bits
 from sonarspec_ext.engine.runner import ModelRunner
 from sonarspec_ext.models.loader import load_model
 
@@ -76,9 +76,11 @@ def test_prompt_longer_than_rope_original_context(llama_dir):
     torch.testing.assert_close(o, ref, atol=1e-4, rtol=1e-4)
 
 
-def test_custom_query_mask_and_positions_verify_a_tree(llama_dir):
+@pytest.mark.parametrize("native", [False, True], ids=["masked_sdpa", "native_cascade"])
+def test_tree_block_queries_match_transformers_per_path(llama_dir, native):
     """Query block [a, b, c] after a prefix, b and c both children of a (positions 5, 6, 6):
-    logits at b and c equal transformers on prefix+a+b and prefix+a+c."""
+    logits at b and c equal transformers on prefix+a+b and prefix+a+c, with the tree block
+    as a full mask (SDPA) and as prefix + ancestor bits (native cascade)."""
     import numpy as np
     model = load_model(llama_dir)
     hf = hf_load(llama_dir)
@@ -89,8 +91,8 @@ def test_custom_query_mask_and_positions_verify_a_tree(llama_dir):
     meta, pos = build_metadata([(0, 5, table)], 4, "cpu")
     runner.forward(torch.tensor(prefix), pos, meta, torch.tensor([4]))
     mask = np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=bool)
-    meta, pos = build_metadata([(5, 3, table)], 4, "cpu", query_masks=[mask],
-                               query_positions=[np.array([5, 6, 6])])
+    meta, pos = build_metadata([(5, 3, table)], 4, "cpu", native_attention=native,
+                               trees=[TreeBlock(5, tree_bits(mask), np.array([5, 6, 6]))])
     logits, hidden = runner.forward(torch.tensor([a, b, c]), pos, meta, torch.tensor([0, 1, 2]),
                                     hidden_indices=torch.tensor([1, 2]))
     with torch.no_grad():

@@ -1,11 +1,12 @@
 """ops.paged_attention (native CPU kernel) against its torch reference, and the engine's
 choice between it and SDPA."""
+import numpy as np
 import pytest
 import torch
 
 from sonarspec_ext import ops
-from sonarspec_ext.engine.metadata import NATIVE_ATTENTION_MAX_TOKENS, build_metadata
-from sonarspec_ext.ops.reference import paged_attention_reference
+from sonarspec_ext.engine.metadata import NATIVE_ATTENTION_MAX_TOKENS, TreeBlock, build_metadata, tree_bits
+from sonarspec_ext.ops.reference import paged_attention_reference, tree_attention_cascade_reference
 
 
 def _case(T, H, Hkv, D, B, max_kv, seed):
@@ -53,7 +54,46 @@ def test_metadata_chooses_the_native_kernel_only_for_small_unmasked_steps():
     big, _ = build_metadata([(0, NATIVE_ATTENTION_MAX_TOKENS + 1, table * 3)], 4, "cpu", native_attention=True)
     assert big.native is None and big.mask is not None
     assert build_metadata([(10, 3, table)], 4, "cpu")[0].native is None   # not asked for (e.g. bf16 models)
-    import numpy as np
-    tree, _ = build_metadata([(10, 2, table)], 4, "cpu", query_masks=[np.ones((2, 2), dtype=bool)],
-                             native_attention=True)
-    assert tree.native is None
+    tree, _ = build_metadata([(10, 2, table)], 4, "cpu", native_attention=True,
+                             trees=[TreeBlock(10, np.array([1, 3]), np.array([10, 11]))])
+    token_seq, key_begin, key_end, tree_begin, tree_mask = tree.native
+    assert key_end.tolist() == [10, 10] and tree_begin.tolist() == [10, 10] and tree_mask.tolist() == [1, 3]
+
+
+def _full_mask_attention(q, k_pool, v_pool, kv_slots, token_seq, mask, scale):
+    """The oracle: one softmax per query over every visible key of a dense (T, max_kv) mask."""
+    T, H, D = q.shape
+    k = k_pool[kv_slots[token_seq]].double().repeat_interleave(H // k_pool.shape[1], dim=2)
+    v = v_pool[kv_slots[token_seq]].double().repeat_interleave(H // k_pool.shape[1], dim=2)
+    s = torch.einsum("thd,tnhd->thn", q.double(), k).mul(scale).masked_fill(~mask[:, None, :], float("-inf"))
+    return torch.einsum("thn,tnhd->thd", s.softmax(-1), v).reshape(T, H * D).float()
+
+
+@pytest.mark.parametrize("nodes,prefix", [(1, 1), (9, 40), (64, 200), (33, 0)])
+def test_tree_cascade_equals_full_masked_attention(nodes, prefix):
+    """Prefix keys plus a random tree's ancestor bits, merged in one pass (native) and as an
+    explicit log-sum-exp cascade (torch), equal attention under the full dense mask."""
+    g = torch.Generator().manual_seed(nodes * 7 + prefix)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, nodes)]
+    anc = np.zeros((nodes, nodes), dtype=bool)
+    for i in range(nodes):
+        j = i
+        while j >= 0:
+            anc[i, j], j = True, parents[j]
+    H, Hkv, D, L = 4, 2, 32, prefix + nodes + 3
+    q = torch.randn(nodes, H, D, generator=g)
+    k_pool, v_pool = torch.randn(L + 5, Hkv, D, generator=g), torch.randn(L + 5, Hkv, D, generator=g)
+    kv_slots = torch.randperm(L + 5, generator=g)[:L].unsqueeze(0)
+    zeros = torch.zeros(nodes, dtype=torch.long)
+    key_end, tree_begin = zeros + prefix, zeros + prefix
+    mask = torch.zeros(nodes, L, dtype=torch.bool)
+    mask[:, :prefix] = True
+    mask[:, prefix:prefix + nodes] = torch.from_numpy(anc)
+    bits = torch.from_numpy(tree_bits(anc))
+    args = (q, k_pool, v_pool, kv_slots, zeros, zeros, key_end)
+    want = _full_mask_attention(q, k_pool, v_pool, kv_slots, zeros, mask, D ** -0.5)
+    torch.testing.assert_close(ops.paged_attention(*args, D ** -0.5, tree_begin, bits), want, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(tree_attention_cascade_reference(*args, tree_begin, bits, D ** -0.5), want,
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="go together"):
+        ops.paged_attention(*args, D ** -0.5, tree_begin, None)

@@ -92,14 +92,15 @@ int64_t shifted_scatter(uintptr_t in, uintptr_t out, uintptr_t starts, uintptr_t
 }
 
 int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr_t kv_slots, int64_t max_kv_len,
-                        uintptr_t token_seq, uintptr_t key_begin, uintptr_t key_end, uintptr_t out,
+                        uintptr_t token_seq, uintptr_t key_begin, uintptr_t key_end, uintptr_t tree_begin,
+                        uintptr_t tree_mask, uintptr_t out,
                         int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                         int64_t num_slots, float scale, int num_threads) {
   py::gil_scoped_release release;
   auto f = [](uintptr_t x) { return reinterpret_cast<const float*>(x); };
   auto i = [](uintptr_t x) { return reinterpret_cast<const int64_t*>(x); };
   return paged_attention_cpu(f(q), f(k_pool), f(v_pool), i(kv_slots), max_kv_len, i(token_seq), i(key_begin),
-                             i(key_end), reinterpret_cast<float*>(out), num_tokens, num_heads, num_kv_heads,
+                             i(key_end), i(tree_begin), i(tree_mask), reinterpret_cast<float*>(out), num_tokens, num_heads, num_kv_heads,
                              head_dim, num_slots, scale, num_threads);
 }
 

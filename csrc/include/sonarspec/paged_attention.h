@@ -11,12 +11,16 @@ namespace sonarspec {
 // q, out: (num_tokens, num_heads, head_dim); k_pool, v_pool: (num_slots, num_kv_heads,
 // head_dim); kv_slots: (batch_size, max_kv_len) slot of each cached position;
 // token_seq: (num_tokens,) row of kv_slots for each query; query token t attends to
-// positions [key_begin[t], key_end[t]) of its sequence (causal limit and sliding window).
+// positions [key_begin[t], key_end[t]) of its sequence (causal limit and sliding window)
+// and, when tree_mask is not null, also to positions tree_begin[t] + j for every bit j set
+// in tree_mask[t] (a draft tree block: the query's ancestors, itself included; up to 64
+// nodes). tree_begin may be null when tree_mask is.
 // Query heads map to KV heads in groups (GQA). Returns the number of tokens with an
 // empty or out-of-range key range (their output is zero).
 int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_pool,
                             const int64_t* kv_slots, int64_t max_kv_len, const int64_t* token_seq,
-                            const int64_t* key_begin, const int64_t* key_end, float* out,
+                            const int64_t* key_begin, const int64_t* key_end, const int64_t* tree_begin,
+                            const int64_t* tree_mask, float* out,
                             int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
                             int64_t head_dim, int64_t num_slots, float scale, int num_threads);
 

@@ -1,5 +1,8 @@
 // One task per (query token, head): a single pass over the visible keys with an online
-// softmax (running max, rescaled sums), accumulating the value rows in float.
+// softmax (running max, rescaled sums), accumulating the value rows in float. With a
+// tree mask the pass is a two-level cascade: the committed prefix [key_begin, key_end)
+// first, then the query's ancestors in the tree block; the running (max, sum) state
+// merges the two levels by log-sum-exp, so no mask over the whole sequence is built.
 #include "sonarspec/paged_attention.h"
 
 #include <algorithm>
@@ -13,7 +16,8 @@
 namespace sonarspec {
 int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_pool,
                             const int64_t* kv_slots, int64_t max_kv_len, const int64_t* token_seq,
-                            const int64_t* key_begin, const int64_t* key_end, float* out,
+                            const int64_t* key_begin, const int64_t* key_end, const int64_t* tree_begin,
+                            const int64_t* tree_mask, float* out,
                             int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
                             int64_t head_dim, int64_t num_slots, float scale, int num_threads) {
   const int64_t group = num_heads / num_kv_heads;
@@ -26,12 +30,14 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
     std::fill(o, o + head_dim, 0.f);
     const int64_t b = token_seq[t];
     const int64_t lo = std::max<int64_t>(0, key_begin[t]), hi = std::min(key_end[t], max_kv_len);
-    if (lo >= hi) { bad.fetch_add(1); return; }
+    const uint64_t bits = tree_mask ? static_cast<uint64_t>(tree_mask[t]) : 0;
+    if (lo >= hi && bits == 0) { bad.fetch_add(1); return; }
     const int64_t* slots = kv_slots + b * max_kv_len;
     float m = -INFINITY, l = 0.f;
-    for (int64_t j = lo; j < hi; ++j) {
+    auto visit = [&](int64_t j) {
+      if (j < 0 || j >= max_kv_len) return;
       const int64_t s = slots[j];
-      if (s < 0 || s >= num_slots) continue;
+      if (s < 0 || s >= num_slots) return;
       const float x = dot4(qv, k_pool + s * row + kvh * head_dim, head_dim) * scale;
       const float* v = v_pool + s * row + kvh * head_dim;
       if (x > m) {  // new running max: rescale what was accumulated so far
@@ -43,7 +49,10 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
       const float p = std::exp(x - m);
       l += p;
       for (int64_t d = 0; d < head_dim; ++d) o[d] += p * v[d];
-    }
+    };
+    for (int64_t j = lo; j < hi; ++j) visit(j);  // level 1: the committed prefix
+    for (uint64_t rest = bits; rest; rest &= rest - 1)  // level 2: ancestors in the tree block
+      visit(tree_begin[t] + __builtin_ctzll(rest));
     if (l > 0.f) {
       const float inv = 1.f / l;
       for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
@@ -53,7 +62,10 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
   };
   const int64_t items = num_tokens * num_heads;
   int64_t work = 0;  // visible keys summed over tokens: decides whether threads pay off
-  for (int64_t t = 0; t < num_tokens; ++t) work += std::max<int64_t>(0, key_end[t] - key_begin[t]);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    work += std::max<int64_t>(0, key_end[t] - key_begin[t]);
+    if (tree_mask) work += __builtin_popcountll(static_cast<uint64_t>(tree_mask[t]));
+  }
   const int threads = work * num_heads * head_dim >= (1 << 16) ? std::max(1, num_threads) : 1;
   if (threads == 1 || items == 1) {
     for (int64_t i = 0; i < items; ++i) task(i);

@@ -47,9 +47,10 @@ class PagedAttentionMetadata:
                     holding each packed token.
     uniform_queries: every sequence has max_query_len queries, so the packed tokens are
                     already a (batch_size, max_query_len) grid and no gather is needed.
-    native:         (token_seq, key_begin, key_end), each (num_tokens,): for small float32 CPU
-                    steps without custom masks, the key range of every query for
-                    ``ops.paged_attention`` (then ``mask`` is None and not needed).
+    native:         (token_seq, key_begin, key_end[, tree_begin, tree_mask]), each
+                    (num_tokens,): for small float32 CPU steps, the key range (and draft-tree
+                    ancestor bits) of every query for ``ops.paged_attention`` (then ``mask``
+                    is None and not needed).
     """
     slot_mapping: torch.Tensor
     query_index: torch.Tensor
@@ -74,7 +75,9 @@ class TorchPagedAttention(AttentionBackend):
         kv_store(k_pool, v_pool, k.to(k_pool.dtype).contiguous(), v.to(v_pool.dtype).contiguous(),
                  m.slot_mapping)
         if m.native is not None:   # metadata built for float32 CPU models: no mask to fall back on
-            return paged_attention(q.contiguous(), k_pool, v_pool, m.kv_slots, *m.native, q.shape[-1] ** -0.5)
+            token_seq, key_begin, key_end, *tree = m.native
+            return paged_attention(q.contiguous(), k_pool, v_pool, m.kv_slots, token_seq, key_begin, key_end,
+                                   q.shape[-1] ** -0.5, *tree)
         B, Lq = m.query_index.shape
         qb = q.view(B, Lq, *q.shape[1:]) if m.uniform_queries else q[m.query_index]
         qb = qb.transpose(1, 2)                                      # (B, H, Lq, D)

@@ -1,6 +1,8 @@
 """Paged attention for small query counts, native on the CPU (float32)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .. import _C
@@ -10,11 +12,15 @@ from .linear import native_threads
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_slots: torch.Tensor,
                     token_seq: torch.Tensor, key_begin: torch.Tensor, key_end: torch.Tensor,
-                    scale: float) -> torch.Tensor:
+                    scale: float, tree_begin: Optional[torch.Tensor] = None,
+                    tree_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q (num_tokens, num_heads, head_dim) float32 CPU; k_pool, v_pool (num_slots,
     num_kv_heads, head_dim); kv_slots (batch_size, max_kv_len) int64; token_seq, key_begin,
     key_end (num_tokens,) int64: query t attends to positions [key_begin[t], key_end[t])
-    of sequence token_seq[t]. Returns (num_tokens, num_heads * head_dim)."""
+    of sequence token_seq[t]. With ``tree_begin``/``tree_mask`` (num_tokens,) int64 it also
+    attends to positions tree_begin[t] + j for each bit j of tree_mask[t] (draft-tree
+    ancestors; the two key sets are merged by log-sum-exp in one pass). Returns
+    (num_tokens, num_heads * head_dim)."""
     check_tensor("q", q, dtypes=(torch.float32,), ndim=3)
     if q.device.type != "cpu":
         raise ValueError(f"paged_attention runs on the CPU; q is on {q.device}")
@@ -26,12 +32,17 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     if v_pool.shape != k_pool.shape:
         raise ValueError(f"v_pool has shape {list(v_pool.shape)}, expected {list(k_pool.shape)} like k_pool")
     check_tensor("kv_slots", kv_slots, dtypes=(torch.int64,), ndim=2, device=q.device)
-    for name, t in (("token_seq", token_seq), ("key_begin", key_begin), ("key_end", key_end)):
+    if (tree_begin is None) != (tree_mask is None):
+        raise ValueError("tree_begin and tree_mask go together: pass both or neither")
+    tree = () if tree_mask is None else (("tree_begin", tree_begin), ("tree_mask", tree_mask))
+    for name, t in (("token_seq", token_seq), ("key_begin", key_begin), ("key_end", key_end)) + tree:
         check_tensor(name, t, dtypes=(torch.int64,), ndim=1, device=q.device)
         if t.shape[0] != T:
             raise ValueError(f"{name} has {t.shape[0]} entries, expected {T} (one per query token)")
     out = torch.empty(T, H * D, dtype=torch.float32)
     _C.paged_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), kv_slots.data_ptr(), kv_slots.shape[1],
-                       token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(), out.data_ptr(), T, H,
+                       token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(),
+                       0 if tree_begin is None else tree_begin.data_ptr(),
+                       0 if tree_mask is None else tree_mask.data_ptr(), out.data_ptr(), T, H,
                        k_pool.shape[1], D, k_pool.shape[0], float(scale), native_threads())
     return out

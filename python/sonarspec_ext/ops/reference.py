@@ -74,3 +74,40 @@ def paged_attention_reference(q, k_pool, v_pool, kv_slots, token_seq, key_begin,
         w = torch.einsum("hd,nhd->hn", q[t].double(), k).mul(scale).softmax(-1)
         out[t] = torch.einsum("hn,nhd->hd", w, v)
     return out.reshape(T, H * D).float()
+
+
+def attention_with_lse(q, k, v, mask, scale):
+    """Masked attention of q (T, H, D) over k, v (T, N, H, D) per query -> (out (T, H, D),
+    lse (T, H)) in float64; ``mask`` (T, N) bool. Rows with no visible key give lse -inf."""
+    s = torch.einsum("thd,tnhd->thn", q.double(), k.double()) * scale
+    s = s.masked_fill(~mask[:, None, :], float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    w = torch.exp(s - lse.nan_to_num(neginf=0.0)[..., None]).nan_to_num(0.0)
+    return torch.einsum("thn,tnhd->thd", w, v.double()), lse
+
+
+def merge_state(out_a, lse_a, out_b, lse_b):
+    """Merges two partial attention states over disjoint key sets by log-sum-exp."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    wa = torch.exp(lse_a - lse).nan_to_num(0.0)[..., None]
+    wb = torch.exp(lse_b - lse).nan_to_num(0.0)[..., None]
+    return wa * out_a + wb * out_b, lse
+
+
+def tree_attention_cascade_reference(q, k_pool, v_pool, kv_slots, token_seq, key_begin, key_end, tree_begin,
+                                     tree_mask, scale):
+    """ops.paged_attention with tree masks as a two-level cascade: each query's prefix
+    [key_begin, key_end) and its tree ancestors attended separately, merged by ``merge_state``."""
+    T, H, D = q.shape
+    group = H // k_pool.shape[1]
+    L = kv_slots.shape[1]
+    keys = torch.arange(L)
+    rows = kv_slots[token_seq]                                             # (T, L)
+    k = k_pool[rows].repeat_interleave(group, dim=2)                       # (T, L, H, D)
+    v = v_pool[rows].repeat_interleave(group, dim=2)
+    prefix = (keys >= key_begin[:, None]) & (keys < key_end[:, None])
+    rel = keys[None, :] - tree_begin[:, None]
+    bits = (tree_mask[:, None] >> rel.clamp(0, 63)) & 1
+    tree = (rel >= 0) & (rel < 64) & (bits == 1)
+    out, lse = merge_state(*attention_with_lse(q, k, v, prefix, scale), *attention_with_lse(q, k, v, tree, scale))
+    return out.reshape(T, H * D).float()
