@@ -51,12 +51,18 @@ class SamplingParams:
 
 @dataclass
 class SpecConfig:
-    """Speculative decoding configuration (see DESIGN.md)."""
+    """Speculative decoding configuration (see DESIGN.md).
+
+    ``eagle_tree``: ``num_draft_tokens`` is the tree depth, ``tree_top_k`` the children
+    each expanded node proposes (and the nodes expanded per depth), ``tree_num_nodes`` the
+    draft nodes kept (at most 63); ``tree_paths`` (EAGLE-1 style lists of child ranks, e.g.
+    ``[[0], [1], [0, 0]]``) fixes the tree shape instead."""
     method: str = "none"
     draft: Optional[str] = None
     num_draft_tokens: int = 4
     tree_top_k: Optional[int] = None
     tree_num_nodes: Optional[int] = None
+    tree_paths: Optional[List[List[int]]] = None
 
     def __post_init__(self):
         _check(self.method in SPEC_METHODS,
@@ -66,6 +72,18 @@ class SpecConfig:
         for name in ("tree_top_k", "tree_num_nodes"):
             v = getattr(self, name)
             _check(v is None or (isinstance(v, int) and v >= 1), f"{name} must be None or >= 1, got {v!r}")
+        _check(self.tree_num_nodes is None or self.tree_num_nodes <= 63,
+               f"tree_num_nodes must be at most 63 (a tree and its root fit one 64-bit mask), got {self.tree_num_nodes}")
+        if self.tree_paths is not None:
+            paths = self.tree_paths
+            _check(isinstance(paths, (list, tuple)) and 0 < len(paths) <= 63 and all(
+                isinstance(p, (list, tuple)) and p and all(isinstance(r, int) and r >= 0 for r in p) for p in paths),
+                "tree_paths must be 1 to 63 non-empty lists of child ranks (integers >= 0)")
+            given = {tuple(p) for p in paths}
+            _check(len(given) == len(paths), "tree_paths lists a path twice")
+            missing = [list(p) for p in given if len(p) > 1 and tuple(p[:-1]) not in given]
+            _check(not missing, f"tree_paths must list every prefix of a path: {missing[0] if missing else ''} "
+                                f"has no parent path")
 
 
 @dataclass

@@ -25,7 +25,8 @@ from .sequence import Sequence
 from ..spec.factory import make_proposer, resolve_draft
 from ..spec.proposer import StepRecord
 from .sync_free import sync_free_step
-from ..spec.verify import verify_chain
+from ..spec.verify import verify_chain, verify_tree
+from .metadata import TreeBlock
 
 TIMING_KEYS = ("plan", "draft", "verify", "sample", "wait")
 
@@ -168,12 +169,15 @@ class Engine:
         their last token plus drafts. Returns (input_ids, positions, metadata, blocks,
         logits_indices); a block is (seq, start, first row, n, frontier, logits offset, draft)."""
         input_ids: List[int] = []
-        rows, logits_idx, blocks = [], [], []
+        rows, logits_idx, blocks, trees = [], [], [], []
         for seq, start, n in batch:
             toks = seq.all_ids[start:start + n]
             draft = drafts.get(seq.seq_id)
+            tree = None if draft is None else draft.tree
             if draft is not None:
                 toks = toks + draft.token_ids
+            # a tree's root (the last token) and nodes sit in tree order from ``start``
+            trees.append(None if tree is None else TreeBlock(start, tree.ancestor_bits(), start + tree.depths))
             row = len(input_ids)
             input_ids.extend(toks)
             rows.append((start, len(toks), self.planner.page_table(seq.seq_id)))
@@ -181,7 +185,8 @@ class Engine:
             blocks.append((seq, start, row, n, frontier, len(logits_idx), draft))
             if frontier:
                 logits_idx.extend(range(row + n - 1, len(input_ids)))
-        meta, positions = self.runner.metadata(rows, self.model_config.sliding_window)
+        meta, positions = self.runner.metadata(rows, self.model_config.sliding_window,
+                                               trees if any(tr is not None for tr in trees) else None)
         t = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
         return t(input_ids), positions, meta, blocks, t(logits_idx)
 
@@ -190,7 +195,7 @@ class Engine:
         sequence's length before the step."""
         n_before = seq.num_tokens
         if draft is not None:
-            seq.record_verification(len(draft.token_ids), accepted)
+            seq.record_verification(len(draft.token_ids), accepted, draft.depth)
         self._append(seq, tokens)
         if draft is not None and not seq.finished:  # KV is valid through the accepted drafts
             self.planner.commit(seq.seq_id, n_before + accepted)
@@ -205,21 +210,27 @@ class Engine:
         t3 = time.perf_counter()
         results = []
         for seq, start, row, n, frontier, offset, draft in blocks:
-            tokens, accepted = [], 0
+            tokens, accepted, used = [], 0, list(range(row, row + n))   # used: rows now valid
             if frontier:
                 block = logits[offset:offset + (len(draft.token_ids) if draft else 0) + 1]
                 if draft is None:
                     tokens = sample(block, [seq.params], [seq.generator])
+                elif draft.tree is not None:
+                    tokens, path = verify_tree(block, draft, seq.params, seq.generator)
+                    accepted = len(path)
+                    self._commit_tree_path(seq, path)
+                    used += [row + n - 1 + i for i in path]
                 else:
                     tokens, accepted = verify_chain(block, draft, seq.params, seq.generator)
-            results.append((seq, start, row, n, frontier, tokens, accepted, draft))
+                    used += range(row + n, row + n + accepted)
+            results.append((seq, start, frontier, tokens, accepted, draft, used))
         t4 = time.perf_counter()
         records = []
-        for seq, start, row, n, frontier, tokens, accepted, draft in results:
+        for seq, start, frontier, tokens, accepted, draft, used in results:
             n_before = self.emit(seq, tokens, accepted, draft)
             if not seq.finished:
                 records.append(StepRecord(seq, start, n_before, draft, accepted, frontier,
-                                          None if hidden is None else hidden[row:row + n + accepted]))
+                                          None if hidden is None else hidden[used]))
         t5 = time.perf_counter()
         self.proposer.after_step(records)
         t6 = time.perf_counter()
@@ -227,7 +238,17 @@ class Engine:
         self.timing["draft"] += t6 - t5
         self.timing["verify"] += t3 - t2
         self.timing["sample"] += t4 - t3
-        return [r[0] for r in results if r[4]]
+        return [r[0] for r in results if r[2]]
+
+    def _commit_tree_path(self, seq: Sequence, path: List[int]) -> None:
+        """Moves the target KV of accepted tree nodes (tree-ordered slots after the root at
+        position N - 1) to the positions N, N + 1, ... of the accepted path."""
+        moves = [(d + 1, i) for d, i in enumerate(path) if i != d + 1]
+        if moves:
+            base = seq.num_tokens - 1
+            slots = self.kv_cache.slots(self.planner.page_table(seq.seq_id),
+                                        [base + i for _, i in moves] + [base + d for d, _ in moves])
+            self.kv_cache.move(slots[:len(moves)], slots[len(moves):])
 
     # ---- post-processing ------------------------------------------------------------
     def _append(self, seq: Sequence, tokens: List[int]) -> None:

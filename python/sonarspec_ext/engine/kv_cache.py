@@ -35,3 +35,14 @@ class KVCache:
     @property
     def num_slots(self) -> int:
         return self.k.shape[1]
+
+    def slots(self, page_table, positions):
+        """Slots of ``positions`` in a sequence with ``page_table``, as a tensor."""
+        pos = torch.as_tensor(positions, dtype=torch.long)
+        table = torch.as_tensor(page_table, dtype=torch.long)
+        return (table[pos // self.page_size] * self.page_size + pos % self.page_size).to(self.k.device)
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copies the K/V of slots ``src`` to slots ``dst`` in every layer (all reads first)."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]

@@ -9,7 +9,7 @@ import torch
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
 from ..ops.linear import native_gemm_threads, uses_native_gemm
 from .kv_cache import KVCache
-from .metadata import build_metadata
+from .metadata import TreeBlock, build_metadata
 
 
 class ModelRunner:
@@ -20,22 +20,25 @@ class ModelRunner:
         self.compact = any(p.dtype == torch.bfloat16 and p.dim() == 2 for p in model.parameters())
         self.device = kv_cache.k.device
 
-    def metadata(self, rows: Sequence[Tuple[int, int, Sequence[int]]], sliding_window: Optional[int] = None):
+    def metadata(self, rows: Sequence[Tuple[int, int, Sequence[int]]], sliding_window: Optional[int] = None,
+                 trees: Optional[List[Optional[TreeBlock]]] = None):
         """``build_metadata`` for this model's cache; float32 models get the native attention
         kernel's key ranges for small steps."""
-        return build_metadata(rows, self.kv_cache.page_size, self.device, sliding_window,
+        return build_metadata(rows, self.kv_cache.page_size, self.device, sliding_window, trees=trees,
                               native_attention=self.dtype == torch.float32)
 
     def forward_rows(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int] = None,
-                     features: Optional[torch.Tensor] = None):
+                     features: Optional[torch.Tensor] = None, trees: Optional[List[Optional[TreeBlock]]] = None,
+                     all_tokens: bool = False):
         """One forward over (start position, token ids, page table) rows -> logits at each
-        row's last token (and, with ``features``, the model's outputs there too)."""
+        row's last token, or at every token with ``all_tokens`` (and, with ``features``, the
+        model's outputs there too). ``trees``: per row, a ``TreeBlock`` or None (causal)."""
         ids, meta_rows, last = [], [], []
         for start, toks, table in rows:
             ids.extend(toks)
             meta_rows.append((start, len(toks), table))
-            last.append(len(ids) - 1)
-        meta, positions = self.metadata(meta_rows, sliding_window)
+            last.extend(range(len(ids) - len(toks), len(ids)) if all_tokens else [len(ids) - 1])
+        meta, positions = self.metadata(meta_rows, sliding_window, trees)
         last_t = torch.tensor(last, device=self.device)
         return self.forward(torch.tensor(ids, device=self.device), positions, meta, last_t,
                             hidden_indices=None if features is None else last_t, features=features)

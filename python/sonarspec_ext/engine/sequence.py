@@ -49,15 +49,18 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def record_verification(self, num_drafts: int, num_accepted: int) -> None:
+    def record_verification(self, num_drafts: int, num_accepted: int, depth: Optional[int] = None) -> None:
+        """One verification step: ``num_drafts`` drafted tokens, ``num_accepted`` accepted;
+        per-position counts go by ``depth`` (a tree's depth; a chain's length by default)."""
+        depth = num_drafts if depth is None else depth
         self.num_steps += 1
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += num_accepted
-        grow = num_drafts - len(self.drafted_per_position)
+        grow = depth - len(self.drafted_per_position)
         if grow > 0:
             self.drafted_per_position += [0] * grow
             self.accepted_per_position += [0] * grow
-        for k in range(num_drafts):
+        for k in range(depth):
             self.drafted_per_position[k] += 1
             self.accepted_per_position[k] += int(k < num_accepted)
 

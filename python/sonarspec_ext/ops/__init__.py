@@ -3,6 +3,7 @@ from .kv_store import kv_store
 from .linear import padded_linear
 from .paged_attention import paged_attention
 from .shifted_scatter import shifted_scatter
-from .speculative import chain_speculative_sampling, greedy_verify
+from .speculative import chain_speculative_sampling, greedy_verify, tree_speculative_sampling
 
-__all__ = ["kv_store", "padded_linear", "paged_attention", "shifted_scatter", "chain_speculative_sampling", "greedy_verify"]
+__all__ = ["kv_store", "padded_linear", "paged_attention", "shifted_scatter", "chain_speculative_sampling", "greedy_verify",
+           "tree_speculative_sampling"]

@@ -111,3 +111,49 @@ def tree_attention_cascade_reference(q, k_pool, v_pool, kv_slots, token_seq, key
     tree = (rel >= 0) & (rel < 64) & (bits == 1)
     out, lse = merge_state(*attention_with_lse(q, k, v, prefix, scale), *attention_with_lse(q, k, v, tree, scale))
     return out.reshape(T, H * D).float()
+
+
+def tree_walk(candidates, first_child, next_sibling, target_probs, draft_probs, generator):
+    """One tree of ``tree_speculative_sampling_reference``: (emitted tokens, accepted nodes)."""
+    tokens, path, node = [], [], 0
+    while True:
+        p = target_probs[node].double()
+        p = p / p.sum()
+        q = None if draft_probs is None else draft_probs[node].double()
+        child, moved = int(first_child[node]), False
+        while child != -1:
+            x = int(candidates[child])
+            u = float(torch.rand(1, dtype=torch.float64, generator=generator))
+            if u * (1.0 if q is None else float(q[x])) < float(p[x]):
+                tokens.append(x)
+                path.append(child)
+                node, moved = child, True
+                break
+            # rejected: remove the candidate's mass (point mass) or q's mass (sampled draft)
+            rest = p.clone()
+            if q is None:
+                rest[x] = 0
+            else:
+                rest = (rest - q).clamp_min(0)
+            if float(rest.sum()) > 0:   # p == q up to rounding leaves nothing: keep p
+                p = rest / rest.sum()
+            child = int(next_sibling[child])
+        if not moved:
+            tokens.append(_sample_row(p, generator))
+            return tokens, path
+
+
+def tree_speculative_sampling_reference(candidates, first_child, next_sibling, target_probs, draft_probs=None,
+                                        generator=None):
+    """Recursive rejection sampling over draft trees (see ops.tree_speculative_sampling)."""
+    B, N = candidates.shape
+    out = torch.full((B, N), -1, dtype=torch.int64)
+    accept_index = torch.full((B, N), -1, dtype=torch.int64)
+    num_accepted = torch.zeros(B, dtype=torch.int64)
+    for b in range(B):
+        tokens, path = tree_walk(candidates[b], first_child[b], next_sibling[b], target_probs[b],
+                                 None if draft_probs is None else draft_probs[b], generator)
+        out[b, :len(tokens)] = torch.tensor(tokens)
+        accept_index[b, :len(path) + 1] = torch.tensor([0] + path)
+        num_accepted[b] = len(path)
+    return out, accept_index, num_accepted

@@ -11,11 +11,13 @@ from ..models.mtp_loader import detect_format, head_config, load_mtp_head
 from ..models.tokenizer import Tokenizer
 from ..params import SpecConfig
 from .draft_model import DraftModelProposer
+from .eagle_tree import EagleTreeProposer
 from .mtp import MTPProposer
 from .ngram import NgramProposer
 from .proposer import NoProposer, Proposer
 
-METHODS = ("none", "draft_target", "mtp", "ngram")
+METHODS = ("none", "draft_target", "mtp", "eagle_tree", "ngram")
+TREE_TOP_K, TREE_NUM_NODES = 4, 16   # eagle_tree defaults
 
 
 def resolve_draft(spec: SpecConfig, target_dir: str, target_tokenizer: Tokenizer,
@@ -27,7 +29,7 @@ def resolve_draft(spec: SpecConfig, target_dir: str, target_tokenizer: Tokenizer
                          f"available: {', '.join(repr(m) for m in METHODS)}")
     if spec.method in ("none", "ngram"):
         return None
-    if spec.method == "mtp":
+    if spec.method in ("mtp", "eagle_tree"):
         head_dir = _mtp_dir(spec, target_dir)
         return head_dir, head_config(head_dir, target_cfg)[0]
     draft_dir = resolve(spec.draft or "default", "draft")
@@ -67,7 +69,7 @@ def _mtp_dir(spec: SpecConfig, target_dir: str) -> str:
     if head is not None:
         return head
     raise ValueError(f"no MTP head for {target_dir}: the checkpoint holds no MTP layer and the packaged head "
-                     f"belongs to the packaged target; pass SpecConfig(method='mtp', draft=DIR)")
+                     f"belongs to the packaged target; pass SpecConfig(method='{spec.method}', draft=DIR)")
 
 
 def make_proposer(spec: SpecConfig, draft_dir: Optional[str], target, planner, num_pages: int, page_size: int,
@@ -77,6 +79,11 @@ def make_proposer(spec: SpecConfig, draft_dir: Optional[str], target, planner, n
     if spec.method == "draft_target":
         return DraftModelProposer(draft_dir, spec.num_draft_tokens, planner, num_pages, page_size,
                                   target.config.vocab_size, dtype, device, sample_drafts=draft_sampling)
+    if spec.method == "eagle_tree":
+        head = load_mtp_head(draft_dir, target, dtype, device)
+        return EagleTreeProposer(head, spec.num_draft_tokens, spec.tree_top_k or TREE_TOP_K,
+                                 spec.tree_num_nodes or TREE_NUM_NODES, planner, num_pages, page_size, dtype, device,
+                                 paths=spec.tree_paths)
     if spec.method == "mtp":
         head = load_mtp_head(draft_dir, target, dtype, device)
         return MTPProposer(head, spec.num_draft_tokens, planner, num_pages, page_size, dtype, device,

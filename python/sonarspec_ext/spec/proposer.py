@@ -18,9 +18,16 @@ class Draft:
     """Draft tokens for one sequence and the distributions they were drawn from.
 
     ``probs`` is (len(token_ids), vocab_size), or None for point-mass drafts (greedy or
-    lookup drafting), which verification treats as one-hot rows."""
+    lookup drafting), which verification treats as one-hot rows. ``tree`` (a
+    ``spec.tree.DraftTree``) makes the tokens a tree's nodes instead of a chain."""
     token_ids: List[int]
     probs: Optional[torch.Tensor] = None
+    tree: Optional[object] = None
+
+    @property
+    def depth(self) -> int:
+        """Draft positions beyond the last token: the chain's length or the tree's depth."""
+        return len(self.token_ids) if self.tree is None else int(self.tree.depths.max())
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..engine.sampler import processed_probs
+from ..ops.reference import tree_walk
 from .proposer import Draft
 
 
@@ -48,3 +49,27 @@ def verify_chain(target_logits: torch.Tensor, draft: Draft, params,
     tokens, accepted = verify_chain_device(target_logits, ids, draft.probs, params, generator)
     a = int(accepted)
     return tokens[:a + 1].tolist(), a
+
+
+def verify_tree(target_logits: torch.Tensor, draft: Draft, params,
+                generator: Optional[torch.Generator]) -> Tuple[List[int], List[int]]:
+    """``target_logits`` (n, V) at the root and each node of ``draft.tree`` -> (emitted
+    token ids, accepted node indices along the path). Greedy follows the child equal to
+    the target's argmax; otherwise recursive rejection sampling over siblings (the tree's
+    children are distinct top-k tokens: point-mass drafts)."""
+    tree = draft.tree
+    first, nxt = tree.links()
+    if params.greedy:
+        best = target_logits.argmax(-1).tolist()
+        tokens, path, node = [], [], 0
+        while True:
+            child = int(first[node])
+            while child != -1 and tree.tokens[child] != best[node]:
+                child = int(nxt[child])
+            tokens.append(best[node])
+            if child == -1:
+                return tokens, path
+            path.append(child)
+            node = child
+    p = processed_probs(target_logits, params)
+    return tree_walk(tree.tokens, first, nxt, p, None, generator)
