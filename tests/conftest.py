@@ -95,3 +95,15 @@ def plain_greedy(llama_dir):
             cache[key] = [o.token_ids for o in llm.generate(ps, params)]
         return cache[key]
     return run
+
+
+@pytest.fixture(scope="session")
+def heads(llama_dir, tmp_path_factory):
+    """MTP heads for the tiny Llama target: random (both layouts) and briefly trained."""
+    from mtp_fixtures import random_head, save, trained_head
+    d = tmp_path_factory.mktemp("heads")
+    return {
+        "random": save(random_head(llama_dir, "rmsnorm"), str(d / "random")),
+        "random_eagle1": save(random_head(llama_dir, "eagle1", seed=1), str(d / "random_eagle1")),
+        "trained": save(trained_head(llama_dir, str(d / "work")), str(d / "trained")),
+    }

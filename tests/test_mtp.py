@@ -8,22 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mtp_fixtures import random_head, save, trained_head
+from mtp_fixtures import random_head, save
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
 from sonarspec_ext.layers.attention import DenseCausalAttention
 from sonarspec_ext.models.config import CheckpointError
 from spec_checks import check_greedy_with_stops, check_sampled_law, run_random_workload
 from test_generate import prompts
-
-
-@pytest.fixture(scope="module")
-def heads(llama_dir, tmp_path_factory):
-    d = tmp_path_factory.mktemp("heads")
-    return {
-        "random": save(random_head(llama_dir, "rmsnorm"), str(d / "random")),
-        "random_eagle1": save(random_head(llama_dir, "eagle1", seed=1), str(d / "random_eagle1")),
-        "trained": save(trained_head(llama_dir, str(d / "work")), str(d / "trained")),
-    }
 
 
 @pytest.mark.parametrize("layout", ["rmsnorm", "eagle1"])

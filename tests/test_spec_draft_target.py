@@ -71,8 +71,6 @@ def test_padded_draft_vocab_is_tolerated_and_mismatched_tokenizer_rejected(llama
     json.dump(tok, open(other / "tokenizer.json", "w"))
     with pytest.raises(ValueError, match="draft tokenizer .* differs"):
         LLM(llama_dir, spec=SpecConfig(method="draft_target", draft=str(other)))
-    with pytest.raises(ValueError, match="not available"):
-        LLM(llama_dir, spec=SpecConfig(method="eagle_tree"))
 
 
 def test_pages_return_after_random_requests_aborts_and_preemption(llama_dir, draft_dir):
