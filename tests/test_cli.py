@@ -51,3 +51,22 @@ def test_bench_spec_mtp_runs_every_scheme_in_one_run(llama_dir, draft_dir, tmp_p
     assert len(rows[3]["accepted_per_position"]) == 2
     r = run_cli("bench", "--spec", "mtp", "--model", llama_dir, "--draft", draft_dir, "--mtp", str(tmp_path / "missing"))
     assert r.returncode == 2 and "MTP head directory not found" in r.stderr
+
+
+def test_bench_eagle_tree_sets_trees_beside_chains_and_times_attention(llama_dir, tmp_path):
+    from mtp_fixtures import random_head, save
+    head = save(random_head(llama_dir), str(tmp_path / "head"))
+    out = tmp_path / "tree.json"
+    r = run_cli("bench", "--spec", "eagle_tree", "--model", llama_dir, "--mtp", head, "--mtp-ks", "2",
+                "--tree-top-k", "2", "--tree-nodes", "5", "--batch-sizes", "1", "--max-tokens", "8", "--repeats", "1",
+                "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    info = json.loads(out.read_text())
+    assert [row["scheme"] for row in info["results"]] == ["plain", "mtp K=2", "eagle_tree d=2 k=2 n=5"]
+    assert all(row["tok_s"] > 0 and row["tau"] >= 1 for row in info["results"])
+    assert {(a["context"], a["query_tokens"]) for a in info["attention"]} >= {(128, 17), (512, 33)}
+    assert all(a["chain_us"] > 0 and a["tree_us"] > 0 for a in info["attention"])
+    r = run_cli("generate", "hello", "--model", llama_dir, "--spec", "eagle_tree", "--draft", head,
+                "--max-tokens", "12", "--ignore-eos")
+    ref = LLM(llama_dir).generate("hello", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    assert r.returncode == 0 and r.stdout.rstrip("\n") == "hello" + ref.text, r.stderr

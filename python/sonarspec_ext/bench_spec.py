@@ -1,8 +1,8 @@
 """Speculative decoding benchmark on the packaged models (or any target/draft pair).
 
 One process, one run, same prompts: plain decoding, draft_target at several K, ngram,
-MTP heads at several K, and transformers generate / assisted generation
-(``assistant_model`` = the same draft).
+MTP chains at several K, EAGLE trees drafted by the same head, and transformers generate /
+assisted generation (``assistant_model`` = the same draft).
 Greedy throughout; every scheme's output is checked equal to plain decoding first.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _run_llm(llm: LLM, prompts: List[str], params: SamplingParams, batch_size: i
     return out
 
 
-def _schemes(draft_dir: Optional[str], mtp_dir: Optional[str], ks, mtp_ks, with_ngram: bool):
+def _schemes(draft_dir: Optional[str], mtp_dir: Optional[str], ks, mtp_ks, with_ngram: bool, trees=()):
     out = [("plain", SpecConfig())]
     if draft_dir:
         out += [(f"draft_target K={k}", SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=k))
@@ -46,24 +46,27 @@ def _schemes(draft_dir: Optional[str], mtp_dir: Optional[str], ks, mtp_ks, with_
         out.append(("ngram K=4", SpecConfig(method="ngram", num_draft_tokens=4)))
     if mtp_dir:
         out += [(f"mtp K={k}", SpecConfig(method="mtp", draft=mtp_dir, num_draft_tokens=k)) for k in mtp_ks]
+        out += [(f"eagle_tree d={d} k={k} n={n}", SpecConfig(method="eagle_tree", draft=mtp_dir, num_draft_tokens=d,
+                                                             tree_top_k=k, tree_num_nodes=n)) for d, k, n in trees]
     return out
 
 
 def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2, 4, 6), batch_sizes=(1, 8),
                max_tokens: int = 96, repeats: int = 3, with_transformers: bool = True,
                threads: Optional[int] = None, mtp: Optional[str] = None, mtp_ks=(1, 2, 3, 4),
-               with_ngram: bool = True, spec_max_batch: Optional[int] = None) -> dict:
+               with_ngram: bool = True, spec_max_batch: Optional[int] = None, trees=()) -> dict:
     """Every scheme on the same prompts in one process. Each scheme's greedy output is
     first checked equal to plain decoding; timing rounds are interleaved across schemes
     (round r times every scheme once) so machine noise hits all of them alike; the
-    reported time is each scheme's median over the rounds."""
+    reported time is each scheme's median over the rounds. ``trees``: (depth, top_k,
+    num_nodes) of the EAGLE trees to run with the MTP head."""
     if threads:
         torch.set_num_threads(threads)
     target_dir = resolve(target, "target")
     draft_dir = resolve(draft, "draft") if draft else None
     mtp_dir = resolve(mtp, "mtp") if mtp else None
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram)
+    schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram, trees)
     llms = {name: LLM(target_dir, spec=spec, spec_max_batch=spec_max_batch) for name, spec in schemes}
     rows = []
     for bs in batch_sizes:
@@ -122,11 +125,11 @@ def print_spec_table(info: dict) -> None:
     print(f"target {info['target']}\ndraft  {info['draft']}\nmtp    {info.get('mtp')}")
     print(f"{info['num_prompts']} prompts x {info['max_tokens']} tokens, greedy, median of {info['repeats']} "
           f"interleaved rounds, {info['threads']} threads")
-    print(f"{'batch':>5}  {'scheme':<22} {'tok/s':>8} {'vs plain':>8} {'tau':>6}  per-position acceptance")
+    print(f"{'batch':>5}  {'scheme':<26} {'tok/s':>8} {'vs plain':>8} {'tau':>6}  per-position acceptance")
     for r in info["results"]:
         tau = f"{r['tau']:.2f}" if "tau" in r else "-"
         acc = " ".join(f"{a:.2f}" for a in r.get("accepted_per_position", [])) or r.get("greedy_agreement", "")
-        print(f"{r['batch_size']:>5}  {r['scheme']:<22} {r['tok_s']:>8.1f} {r['speedup']:>7.2f}x {tau:>6}  {acc}")
+        print(f"{r['batch_size']:>5}  {r['scheme']:<26} {r['tok_s']:>8.1f} {r['speedup']:>7.2f}x {tau:>6}  {acc}")
 
 
 def plot_spec(info: dict, path: str) -> bool:

@@ -16,7 +16,8 @@ def _auto_spec(model: str) -> str:
 def _generate(args) -> int:
     from . import LLM, SamplingParams, SpecConfig
     method = _auto_spec(args.model) if args.spec == "auto" else args.spec
-    spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=args.num_draft_tokens)
+    spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=args.num_draft_tokens,
+                      tree_top_k=args.tree_top_k, tree_num_nodes=args.tree_nodes)
     llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
@@ -44,17 +45,27 @@ def _packaged(name: str) -> bool:
 
 def _bench(args) -> int:
     from .bench import bench_decode, print_table, write_json
-    if args.spec in ("all", "mtp"):
+    if args.spec in ("all", "mtp", "eagle_tree"):
         from .bench_spec import bench_spec, plot_spec, print_spec_table
         target = "default" if args.model == "synthetic-30m" else args.model
         mtp = args.mtp if args.mtp != "default" or _packaged("mtp") else None
-        if args.spec == "mtp" and mtp is None:
-            raise ValueError("--spec mtp needs an MTP head: pass --mtp DIR (no packaged head is installed)")
-        full = args.spec == "all"
-        info = bench_spec(target, args.draft, args.ks, args.batch_sizes, args.max_tokens, args.repeats,
-                          full and not args.no_transformers, args.threads, mtp, args.mtp_ks, with_ngram=full,
-                          spec_max_batch=args.spec_max_batch)
+        if args.spec != "all" and mtp is None:
+            raise ValueError(f"--spec {args.spec} needs an MTP head: pass --mtp DIR (no packaged head is installed)")
+        full, tree = args.spec == "all", args.spec == "eagle_tree"
+        from .spec.factory import TREE_NUM_NODES, TREE_TOP_K
+        trees = [(d, args.tree_top_k or TREE_TOP_K, args.tree_nodes or TREE_NUM_NODES)
+                 for d in (args.mtp_ks if tree else [3] if full else [])]
+        info = bench_spec(target, None if tree else args.draft, args.ks, args.batch_sizes, args.max_tokens,
+                          args.repeats, full and not args.no_transformers, args.threads, mtp, args.mtp_ks,
+                          with_ngram=full, spec_max_batch=args.spec_max_batch, trees=trees if mtp else ())
+        if tree:
+            from .bench_attention import bench_tree_attention, print_attention_table
+            from .models.config import ModelConfig
+            info["attention"] = bench_tree_attention(ModelConfig.from_dir(info["target"]))
         print_spec_table(info)
+        if tree:
+            print("\nverification attention, one layer (float32, CPU): tree vs chain of equal query count")
+            print_attention_table(info["attention"])
         if args.json:
             write_json(info, args.json)
         if args.plot and not plot_spec(info, args.plot):
@@ -118,10 +129,12 @@ def main(argv=None) -> int:
     g = sub.add_parser("generate", help="generate a continuation of PROMPT")
     g.add_argument("prompt")
     g.add_argument("--model", default="default", help="HF model directory or 'default' (packaged target)")
-    g.add_argument("--spec", default="auto", choices=["auto", "none", "draft_target", "mtp", "ngram"],
+    g.add_argument("--spec", default="auto", choices=["auto", "none", "draft_target", "mtp", "eagle_tree", "ngram"],
                    help="auto: MTP when the model has a head (the packaged target does), else none")
     g.add_argument("--draft", default="default", help="draft model or MTP head dir ('default': packaged)")
-    g.add_argument("--num-draft-tokens", type=int, default=3)
+    g.add_argument("--num-draft-tokens", type=int, default=3, help="chain length, or tree depth (eagle_tree)")
+    g.add_argument("--tree-top-k", type=int, default=None, help="eagle_tree: children per expanded node (4)")
+    g.add_argument("--tree-nodes", type=int, default=None, help="eagle_tree: draft nodes per tree (16)")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -132,15 +145,18 @@ def main(argv=None) -> int:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.set_defaults(func=_generate)
     b = sub.add_parser("bench", help="decode speed vs transformers on the same weights")
-    b.add_argument("--spec", default="none", choices=["none", "all", "mtp"],
+    b.add_argument("--spec", default="none", choices=["none", "all", "mtp", "eagle_tree"],
                    help="none: plain decoding vs transformers; all: every speculation scheme on the target; "
-                        "mtp: plain, draft_target and MTP heads")
+                        "mtp: plain, draft_target and MTP heads; eagle_tree: MTP chains and trees of the same "
+                        "depths (--mtp-ks) plus tree-vs-chain verification attention")
     b.add_argument("--model", default="synthetic-30m",
                    help="HF model dir, or synthetic-30m (random 30M Llama; with --spec all: the packaged target)")
     b.add_argument("--draft", default="default", help="draft model for --spec all")
     b.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6], help="draft_target draft lengths")
     b.add_argument("--mtp", default="default", help="MTP head dir for --spec all/mtp ('default': packaged head)")
-    b.add_argument("--mtp-ks", type=int, nargs="+", default=[1, 2, 3, 4], help="MTP draft lengths")
+    b.add_argument("--mtp-ks", type=int, nargs="+", default=[1, 2, 3, 4], help="MTP draft lengths (tree depths)")
+    b.add_argument("--tree-top-k", type=int, default=None, help="eagle_tree: children per expanded node (4)")
+    b.add_argument("--tree-nodes", type=int, default=None, help="eagle_tree: draft nodes per tree (16)")
     b.add_argument("--spec-max-batch", type=int, default=None,
                    help="speculate only while at most this many sequences decode (engine option spec_max_batch)")
     b.add_argument("--plot", default=None, help="write a PNG chart (--spec all; needs matplotlib)")
