@@ -29,6 +29,15 @@ def decode_table(info: dict) -> str:
     return "\n".join(lines)
 
 
+def attention_table(rows: list) -> str:
+    lines = ["| context | query tokens | chain us | tree us (cascade) | tree us (full mask, SDPA) | tree / chain |",
+             "|---------|--------------|----------|-------------------|---------------------------|--------------|"]
+    for r in rows:
+        lines.append(f"| {r['context']} | {r['query_tokens']} | {r['chain_us']:.1f} | {r['tree_us']:.1f} | "
+                     f"{r['tree_full_mask_us']:.1f} | {r['tree_vs_chain']:.2f}x |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     for path in sys.argv[1:]:
         with open(path) as fh:
@@ -36,3 +45,6 @@ if __name__ == "__main__":
         rows = info["results"]
         print(decode_table(info) if rows and "sonarspec_tok_s" in rows[0] else spec_table(info))
         print()
+        if "attention" in info:
+            print(attention_table(info["attention"]))
+            print()
