@@ -35,10 +35,12 @@ def test_greedy_verify():
 
 def test_rejects_bad_shapes():
     q = torch.rand(2, 3, 7)
-    with pytest.raises(ValueError, match="target_probs has shape"):
-        ops.chain_speculative_sampling(q, torch.zeros(2, 3, dtype=torch.long), torch.rand(2, 3, 7))
+    with pytest.raises(ValueError, match="draft_probs has shape"):
+        ops.chain_speculative_sampling(q, torch.zeros(2, 2, dtype=torch.long), torch.rand(2, 3, 7))
     with pytest.raises(ValueError, match="draft_token_ids has shape"):
         ops.chain_speculative_sampling(q, torch.zeros(2, 2, dtype=torch.long), torch.rand(2, 4, 7))
+    with pytest.raises(ValueError, match=r"draft_token_ids has shape .*\(target_probs has 3 positions\)"):
+        ops.chain_speculative_sampling(q, torch.zeros(2, 3, dtype=torch.long), torch.rand(2, 3, 7))
     with pytest.raises(ValueError, match="draft_token_ids must lie"):
         ops.chain_speculative_sampling(q, torch.full((2, 3), 7), torch.rand(2, 4, 7))
     with pytest.raises(ValueError, match="draft_probs has dtype"):
@@ -74,8 +76,8 @@ def test_emitted_tokens_follow_the_target(point_mass_draft):
 
 @pytest.mark.parametrize("k,sampled_q", [(1, False), (3, True), (7, False), (4, True)])
 def test_device_verification_equals_the_reference_draw_for_draw(k, sampled_q):
-    """spec.verify.verify_chain_device (vectorised, no host sync) consumes the generator
-    exactly like the reference and returns the same tokens."""
+    """spec.verify.verify_chain_device (vectorised, no host sync) draws the same uniforms
+    from the generator as the op and returns the reference's tokens."""
     from sonarspec_ext.ops.reference import chain_speculative_sampling_reference
     from sonarspec_ext.params import SamplingParams
     from sonarspec_ext.spec.verify import verify_chain_device
@@ -90,8 +92,74 @@ def test_device_verification_equals_the_reference_draw_for_draw(k, sampled_q):
         if trial % 3 == 0:   # drafts the target likes: long accepted prefixes
             ids = p[:k].argmax(-1)
         qq = q if sampled_q else torch.nn.functional.one_hot(ids, V).float()
-        out, _, emitted = chain_speculative_sampling_reference(qq[None], ids[None], p[None],
-                                                               torch.Generator().manual_seed(trial))
+        u = torch.rand(1, k + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(trial))
+        out, _, emitted = chain_speculative_sampling_reference(qq[None], ids[None], p[None], u)
         tokens, a = verify_chain_device(logits, ids, q, params, torch.Generator().manual_seed(trial))
         assert int(a) == int(emitted[0])
         assert tokens[:int(a) + 1].tolist() == out[0, :int(a) + 1].tolist()
+
+
+def _random_case(B, K, V, seed, point_mass):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, K + 1, V, generator=g) * 3
+    liked = torch.arange(B) % 2 == 0                  # half the rows draft tokens the target favours
+    logits[liked, :K, :2] += 16
+    p = logits.softmax(-1)
+    q = None if point_mass else (torch.randn(B, K, V, generator=g) * 3).softmax(-1)
+    ids = torch.randint(0, V, (B, K), generator=g)
+    ids[liked] = torch.randint(0, 2, (int(liked.sum()), K), generator=g)
+    u = torch.rand(B, K + 1, dtype=torch.float64, generator=g)
+    return q, ids, p, u
+
+
+@pytest.mark.parametrize("B,K,V", [(1, 1, 111), (7, 3, 8192), (99, 7, 111), (7, 1, 32000), (64, 4, 32000)])
+@pytest.mark.parametrize("point_mass", [False, True])
+def test_native_equals_the_reference_draw_for_draw(B, K, V, point_mass):
+    """Same uniforms -> same tokens and counts as the torch reference (which builds one-hot
+    rows for point-mass drafts; the native kernel needs none)."""
+    from sonarspec_ext.ops.reference import chain_speculative_sampling_reference
+    q, ids, p, u = _random_case(B, K, V, seed=B * 1000 + K * 10 + V % 7, point_mass=point_mass)
+    got = ops.chain_speculative_sampling(q, ids, p, uniforms=u)
+    want = chain_speculative_sampling_reference(q, ids, p, u)
+    for g, w, name in zip(got, want, ("tokens", "accepted_num", "emitted_num")):
+        assert torch.equal(g, w), name
+    if B > 1:   # both accepted prefixes and rejections occur
+        assert (got[2] > 0).any() and (got[2] < K).any()
+
+
+def test_point_mass_drafts_equal_one_hot_rows_and_generator_is_reproducible():
+    q, ids, p, u = _random_case(16, 4, 500, seed=3, point_mass=True)
+    one_hot = torch.nn.functional.one_hot(ids, 500).float()
+    a = ops.chain_speculative_sampling(None, ids, p, uniforms=u)
+    b = ops.chain_speculative_sampling(one_hot, ids, p, uniforms=u)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    r1 = ops.chain_speculative_sampling(None, ids, p, generator=torch.Generator().manual_seed(5))
+    r2 = ops.chain_speculative_sampling(None, ids, p, generator=torch.Generator().manual_seed(5))
+    assert all(torch.equal(x, y) for x, y in zip(r1, r2))
+
+
+def test_native_rejects_bad_tensors_before_any_native_call():
+    q, ids, p, u = _random_case(2, 3, 7, seed=0, point_mass=False)
+    with pytest.raises(ValueError, match="uniforms has dtype"):
+        ops.chain_speculative_sampling(q, ids, p, uniforms=u.float())
+    with pytest.raises(ValueError, match="uniforms has shape"):
+        ops.chain_speculative_sampling(q, ids, p, uniforms=u[:, :3].contiguous())
+    with pytest.raises(ValueError, match="target_probs must be contiguous"):
+        ops.chain_speculative_sampling(q, ids, p.transpose(0, 1).contiguous().transpose(0, 1), uniforms=u)
+    with pytest.raises(ValueError, match="draft_token_ids has dtype"):
+        ops.chain_speculative_sampling(q, ids.int(), p, uniforms=u)
+    with pytest.raises(ValueError, match="target_probs has dtype"):
+        ops.chain_speculative_sampling(q, ids, p.double(), uniforms=u)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("B,K,V", [(1, 1, 111), (7, 3, 8192), (99, 7, 32000)])
+def test_cuda_equals_cpu(B, K, V):
+    q, ids, p, u = _random_case(B, K, V, seed=11, point_mass=False)
+    cpu = ops.chain_speculative_sampling(q, ids, p, uniforms=u)
+    cuda = ops.chain_speculative_sampling(q.cuda(), ids.cuda(), p.cuda(), uniforms=u.cuda())
+    for c, g in zip(cpu, cuda):
+        assert torch.equal(c, g.cpu())
+    cpu = ops.chain_speculative_sampling(None, ids, p, uniforms=u)
+    cuda = ops.chain_speculative_sampling(None, ids.cuda(), p.cuda(), uniforms=u.cuda())
+    assert all(torch.equal(c, g.cpu()) for c, g in zip(cpu, cuda))

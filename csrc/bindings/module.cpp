@@ -9,6 +9,7 @@
 #include "sonarspec/kv_store.h"
 #include "sonarspec/paged_attention.h"
 #include "sonarspec/planner.h"
+#include "sonarspec/rejection_sampling.h"
 #include "sonarspec/shifted_scatter.h"
 #include "sonarspec/small_gemm.h"
 #ifdef SONARSPEC_WITH_CUDA
@@ -91,6 +92,27 @@ int64_t shifted_scatter(uintptr_t in, uintptr_t out, uintptr_t starts, uintptr_t
       });
 }
 
+int64_t chain_speculative_sampling(uintptr_t draft_probs, uintptr_t draft_ids, uintptr_t target_probs,
+                                   uintptr_t uniforms, uintptr_t out_tokens, uintptr_t accepted_num,
+                                   uintptr_t emitted_num, int64_t batch, int64_t k, int64_t vocab, bool on_cuda,
+                                   uintptr_t stream, int num_threads) {
+  auto f = [](uintptr_t x) { return reinterpret_cast<const float*>(x); };
+  auto i = [](uintptr_t x) { return reinterpret_cast<const int64_t*>(x); };
+  auto o = [](uintptr_t x) { return reinterpret_cast<int64_t*>(x); };
+  auto u = reinterpret_cast<const double*>(uniforms);
+  return dispatch(
+      "chain_speculative_sampling", on_cuda,
+      [&] {
+        return chain_speculative_sampling_cpu(f(draft_probs), i(draft_ids), f(target_probs), u, o(out_tokens),
+                                              o(accepted_num), o(emitted_num), batch, k, vocab, num_threads);
+      },
+      [&] {
+        return chain_speculative_sampling_cuda(f(draft_probs), i(draft_ids), f(target_probs), u, o(out_tokens),
+                                               o(accepted_num), o(emitted_num), batch, k, vocab,
+                                               reinterpret_cast<void*>(stream));
+      });
+}
+
 int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr_t kv_slots, int64_t max_kv_len,
                         uintptr_t token_seq, uintptr_t key_begin, uintptr_t key_end, uintptr_t tree_begin,
                         uintptr_t tree_mask, uintptr_t out,
@@ -137,6 +159,8 @@ PYBIND11_MODULE(_C, m) {
              reinterpret_cast<const float*>(sin), reinterpret_cast<float*>(out), rows, heads, d);
   }, "Rotate-half RoPE, float32 CPU (raw pointers).");
   m.def("paged_attention", &paged_attention, "Small-query paged attention on the CPU, float32 (raw pointers).");
+  m.def("chain_speculative_sampling", &chain_speculative_sampling,
+        "Chain rejection sampling with given float64 uniforms, CPU or CUDA (raw pointers).");
   m.def("shifted_scatter", &shifted_scatter, "Shift token blocks left and scatter the next tokens (raw pointers).");
 
   py::class_<PlannerConfig>(m, "PlannerConfig")

@@ -16,34 +16,36 @@ def _sample_row(probs: torch.Tensor, generator) -> int:
     return int((probs.double() / e).argmax())
 
 
-def chain_speculative_sampling_reference(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor,
-                                         target_probs: torch.Tensor, generator=None):
-    """Chain rejection sampling, FlashInfer semantics (see ops.chain_speculative_sampling)."""
-    B, K, _ = draft_probs.shape
+def inverse_cdf(residual: torch.Tensor, u) -> torch.Tensor:
+    """Index drawn from a non-negative float64 row by inverse CDF: the first index whose
+    running sum exceeds ``u`` times the row's total (the row itself when it sums to zero is
+    the caller's concern). Works on device tensors without a host sync."""
+    cum = residual.cumsum(0)
+    return (cum > u * cum[-1]).int().argmax()
+
+
+def chain_speculative_sampling_reference(draft_probs, draft_token_ids, target_probs, uniforms):
+    """Chain rejection sampling, FlashInfer semantics (see ops.chain_speculative_sampling),
+    with the randomness given: ``uniforms`` (B, K + 1) float64; ``draft_probs`` None means
+    point-mass drafts."""
+    B, K = draft_token_ids.shape
+    V = target_probs.shape[-1]
     out = torch.full((B, K + 1), -1, dtype=torch.int32)
     accepted = torch.zeros(B, dtype=torch.int32)
     emitted = torch.zeros(B, dtype=torch.int32)
     for b in range(B):
-        u = torch.rand(K, dtype=torch.float64, generator=generator)
-        stop = None
-        for j in range(K):
-            tok = int(draft_token_ids[b, j])
-            ok = bool(u[j] * float(draft_probs[b, j, tok]) < float(target_probs[b, j, tok]))
-            accepted[b] += int(ok)
-            if stop is None:
-                if ok:
-                    out[b, j] = tok
-                else:
-                    stop = j
-        if stop is None:
-            emitted[b] = K
-            out[b, K] = _sample_row(target_probs[b, K], generator)
-        else:
-            emitted[b] = stop
-            residual = (target_probs[b, stop].double() - draft_probs[b, stop].double()).clamp_min(0)
-            if float(residual.sum()) <= 0:  # p == q up to rounding: the residual is undefined
-                residual = target_probs[b, stop].double()
-            out[b, stop] = _sample_row(residual, generator)
+        ids = draft_token_ids[b].long()
+        q = (draft_probs[b] if draft_probs is not None else torch.nn.functional.one_hot(ids, V)).double()
+        p = target_probs[b].double()
+        ok = uniforms[b, :K] * q[torch.arange(K), ids] < p[torch.arange(K), ids]
+        accepted[b] = int(ok.sum())
+        stop = int(ok.long().cumprod(0).sum())
+        out[b, :stop] = ids[:stop].int()
+        residual = p[stop] if stop == K else (p[stop] - q[stop]).clamp_min(0)
+        if float(residual.sum()) <= 0:  # p == q up to rounding: the residual is undefined
+            residual = p[stop]
+        out[b, stop] = int(inverse_cdf(residual, uniforms[b, K]))
+        emitted[b] = stop
     return out, accepted, emitted
 
 

@@ -5,44 +5,66 @@ from typing import Optional, Tuple
 
 import torch
 
-from .checks import check_tensor
-from .reference import chain_speculative_sampling_reference, tree_speculative_sampling_reference
+from .. import _C
+from .checks import check_tensor, stream_handle
+from .linear import native_threads
+from .reference import tree_speculative_sampling_reference
 
-_PROB_DTYPES = (torch.float32, torch.float64)
+_PROB_DTYPES = (torch.float32,)
+_BUILT_WITH_CUDA = _C.build_info()["cuda"]
 
 
-def chain_speculative_sampling(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor,
-                               target_probs: torch.Tensor, *, generator: Optional[torch.Generator] = None
+def chain_speculative_sampling(draft_probs: Optional[torch.Tensor], draft_token_ids: torch.Tensor,
+                               target_probs: torch.Tensor, *, generator: Optional[torch.Generator] = None,
+                               uniforms: Optional[torch.Tensor] = None
                                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rejection-samples drafted chains against the target (FlashInfer semantics).
+    """Rejection-samples drafted chains against the target (FlashInfer semantics), natively
+    on the CPU (threads over the batch) or on CUDA (a block per request).
 
-    draft_probs: (batch_size, num_draft_tokens, vocab_size) - the draft distribution each
-    token was drawn from (a one-hot row for a greedy drafter); draft_token_ids:
-    (batch_size, num_draft_tokens) int64/int32; target_probs: (batch_size,
-    num_draft_tokens + 1, vocab_size), the processed target distributions.
+    draft_probs: (batch_size, num_draft_tokens, vocab_size) float32 - the distribution each
+    draft was drawn from - or None for point-mass drafts (a greedy drafter; no one-hot rows
+    needed); draft_token_ids: (batch_size, num_draft_tokens) int64; target_probs:
+    (batch_size, num_draft_tokens + 1, vocab_size) float32, the processed target
+    distributions; uniforms: (batch_size, num_draft_tokens + 1) float64 in [0, 1), drawn
+    from ``generator`` when not given.
 
-    Position j is accepted when u * q(x_j) < p(x_j), u ~ U[0, 1) in float64; the first
-    rejection is replaced by a draw from norm(max(p - q, 0)); if all pass, a bonus token is
-    drawn from target_probs[:, -1]. Returns ``output_token_ids`` (batch_size,
-    num_draft_tokens + 1) int32 padded with -1, ``accepted_num`` (batch_size,) - positions
-    that pass independently - and ``emitted_num`` (batch_size,) - the accepted prefix
-    length; tokens emitted per request = emitted_num + 1. Output is distributed exactly
-    as sampling from target_probs token by token.
+    Position j is accepted when uniforms[:, j] * q(x_j) < p(x_j); the first rejection is
+    replaced by a draw from norm(max(p - q, 0)); if all pass, a bonus token is drawn from
+    target_probs[:, -1]; draws use inverse CDF with uniforms[:, -1]. Returns
+    ``output_token_ids`` (batch_size, num_draft_tokens + 1) int32 padded with -1,
+    ``accepted_num`` (batch_size,) - positions that pass independently - and
+    ``emitted_num`` (batch_size,) - the accepted prefix length; tokens emitted per request
+    = emitted_num + 1. Output is distributed exactly as sampling from target_probs token by
+    token. Same uniforms, same result on CPU, CUDA and ``ops.reference``.
     """
-    check_tensor("draft_probs", draft_probs, dtypes=_PROB_DTYPES, ndim=3, contiguous=False)
-    dev = draft_probs.device
-    check_tensor("draft_token_ids", draft_token_ids, dtypes=(torch.int64, torch.int32), ndim=2, device=dev,
-                 contiguous=False)
-    check_tensor("target_probs", target_probs, dtypes=_PROB_DTYPES, ndim=3, device=dev, contiguous=False)
-    B, K, V = draft_probs.shape
+    check_tensor("target_probs", target_probs, dtypes=_PROB_DTYPES, ndim=3)
+    dev = target_probs.device
+    B, K1, V = target_probs.shape
+    K = K1 - 1
+    check_tensor("draft_token_ids", draft_token_ids, dtypes=(torch.int64,), ndim=2, device=dev)
     if tuple(draft_token_ids.shape) != (B, K):
-        raise ValueError(f"draft_token_ids has shape {list(draft_token_ids.shape)}, expected [{B}, {K}]")
-    if tuple(target_probs.shape) != (B, K + 1, V):
-        raise ValueError(f"target_probs has shape {list(target_probs.shape)}, expected [{B}, {K + 1}, {V}]")
-    if B and K and (int(draft_token_ids.min()) < 0 or int(draft_token_ids.max()) >= V):
+        raise ValueError(f"draft_token_ids has shape {list(draft_token_ids.shape)}, expected [{B}, {K}] "
+                         f"(target_probs has {K1} positions)")
+    if draft_probs is not None:
+        check_tensor("draft_probs", draft_probs, dtypes=_PROB_DTYPES, ndim=3, device=dev)
+        if tuple(draft_probs.shape) != (B, K, V):
+            raise ValueError(f"draft_probs has shape {list(draft_probs.shape)}, expected [{B}, {K}, {V}]")
+    if uniforms is None:
+        uniforms = torch.rand(B, K + 1, dtype=torch.float64, generator=generator, device=dev)
+    check_tensor("uniforms", uniforms, dtypes=(torch.float64,), ndim=2, device=dev)
+    if tuple(uniforms.shape) != (B, K + 1):
+        raise ValueError(f"uniforms has shape {list(uniforms.shape)}, expected [{B}, {K + 1}]")
+    if dev.type == "cpu" and B and K and (int(draft_token_ids.min()) < 0 or int(draft_token_ids.max()) >= V):
         raise ValueError(f"draft_token_ids must lie in [0, {V})")
-    return chain_speculative_sampling_reference(draft_probs.cpu(), draft_token_ids.cpu(), target_probs.cpu(),
-                                                generator)
+    if dev.type == "cuda" and not _BUILT_WITH_CUDA:
+        raise ValueError("chain_speculative_sampling got CUDA tensors but sonarspec was built without CUDA")
+    out = torch.empty(B, K + 1, dtype=torch.int64, device=dev)
+    accepted, emitted = (torch.empty(B, dtype=torch.int64, device=dev) for _ in range(2))
+    _C.chain_speculative_sampling(0 if draft_probs is None else draft_probs.data_ptr(), draft_token_ids.data_ptr(),
+                                  target_probs.data_ptr(), uniforms.data_ptr(), out.data_ptr(), accepted.data_ptr(),
+                                  emitted.data_ptr(), B, K, V, dev.type == "cuda", stream_handle(dev),
+                                  native_threads())
+    return out.int(), accepted.int(), emitted.int()
 
 
 def tree_speculative_sampling(candidates: torch.Tensor, first_child: torch.Tensor, next_sibling: torch.Tensor,
@@ -66,7 +88,7 @@ def tree_speculative_sampling(candidates: torch.Tensor, first_child: torch.Tenso
     draw), ``accept_index`` (B, N) the accepted path's node indices from the root, padded
     with -1, and ``num_accepted`` (B,).
     """
-    check_tensor("target_probs", target_probs, dtypes=_PROB_DTYPES, ndim=3, contiguous=False)
+    check_tensor("target_probs", target_probs, dtypes=_PROB_DTYPES + (torch.float64,), ndim=3, contiguous=False)
     B, N, V = target_probs.shape
     dev = target_probs.device
     for name, t in (("candidates", candidates), ("first_child", first_child), ("next_sibling", next_sibling)):
@@ -74,7 +96,8 @@ def tree_speculative_sampling(candidates: torch.Tensor, first_child: torch.Tenso
         if tuple(t.shape) != (B, N):
             raise ValueError(f"{name} has shape {list(t.shape)}, expected [{B}, {N}]")
     if draft_probs is not None:
-        check_tensor("draft_probs", draft_probs, dtypes=_PROB_DTYPES, ndim=3, device=dev, contiguous=False)
+        check_tensor("draft_probs", draft_probs, dtypes=_PROB_DTYPES + (torch.float64,), ndim=3, device=dev,
+                     contiguous=False)
         if tuple(draft_probs.shape) != (B, N, V):
             raise ValueError(f"draft_probs has shape {list(draft_probs.shape)}, expected [{B}, {N}, {V}]")
     if B and N > 1 and (int(candidates[:, 1:].min()) < 0 or int(candidates[:, 1:].max()) >= V):

@@ -1,8 +1,8 @@
 """Verifies one sequence's drafted chain against its target logits.
 
 ``verify_chain_device`` keeps everything on the device (no host synchronisation) and
-draws its randomness exactly as ``ops.reference.chain_speculative_sampling_reference``
-does for one row: K float64 uniforms, then one exponential race over the vocabulary.
+draws exactly as ``ops.chain_speculative_sampling`` and its reference do for one row:
+K + 1 float64 uniforms, K acceptance tests, one inverse-CDF draw.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..engine.sampler import processed_probs
-from ..ops.reference import tree_walk
+from ..ops.reference import inverse_cdf, tree_walk
 from .proposer import Draft
 
 
@@ -27,16 +27,15 @@ def verify_chain_device(target_logits: torch.Tensor, draft_ids: torch.Tensor, dr
         return best, (draft_ids == best[:k]).long().cumprod(0).sum()
     p = processed_probs(target_logits, params)
     q = draft_probs if draft_probs is not None else torch.nn.functional.one_hot(draft_ids, V).float()
-    u = torch.rand(k, dtype=torch.float64, generator=generator, device=p.device)
+    u = torch.rand(k + 1, dtype=torch.float64, generator=generator, device=p.device)
     px = p[:k].gather(1, draft_ids[:, None])[:, 0].double()
     qx = q.gather(1, draft_ids[:, None])[:, 0].double()
-    accepted = (u * qx < px).long().cumprod(0).sum()
+    accepted = (u[:k] * qx < px).long().cumprod(0).sum()
     row_p = p.index_select(0, accepted.view(1))[0].double()
     row_q = torch.cat([q, q.new_zeros(1, V)]).index_select(0, accepted.view(1))[0].double()  # no q: bonus
     residual = (row_p - row_q).clamp_min(0)
     residual = torch.where(residual.sum() > 0, residual, row_p)   # p == q up to rounding
-    e = torch.empty_like(residual).exponential_(generator=generator)
-    tok = (residual / e).argmax()
+    tok = inverse_cdf(residual, u[k])
     tokens = torch.cat([draft_ids, draft_ids.new_zeros(1)]).scatter(0, accepted.view(1), tok.view(1))
     return tokens, accepted
 

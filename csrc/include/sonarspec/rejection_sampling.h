@@ -1,0 +1,36 @@
+// Chain rejection sampling for speculative decoding (FlashInfer's semantics), with the
+// randomness passed in as float64 uniforms so that CPU, CUDA and the torch reference draw
+// identically and a caller's generator (or a per-request seed) makes results reproducible.
+//
+// Per request b, with p_j = target_probs[b, j] and q_j = draft_probs[b, j] (a point mass
+// on the drafted token when draft_probs is null):
+//   draft j is accepted when uniforms[b, j] * q_j(x_j) < p_j(x_j); accepted_num counts
+//   every position that passes, emitted_num is the accepted prefix length;
+//   at the first rejection s the token is drawn from r = max(p_s - q_s, 0) (p_s when r
+//   sums to zero), after all K from p_K (the bonus), by inverse CDF: the first index
+//   whose running float64 sum exceeds uniforms[b, K] * sum(r).
+// out_tokens[b] holds the accepted drafts then the drawn token, padded with -1.
+// Framework free: raw pointers, row-major contiguous arrays.
+#pragma once
+
+#include <cstdint>
+
+namespace sonarspec {
+
+// draft_probs (B, K, V) float or null; draft_ids (B, K) int64; target_probs (B, K + 1, V)
+// float; uniforms (B, K + 1) double; out_tokens (B, K + 1), accepted_num (B,),
+// emitted_num (B,) int64. Returns the number of requests with an out-of-range draft id
+// (those rows are left as all -1 and zero counts).
+int64_t chain_speculative_sampling_cpu(const float* draft_probs, const int64_t* draft_ids,
+                                       const float* target_probs, const double* uniforms,
+                                       int64_t* out_tokens, int64_t* accepted_num, int64_t* emitted_num,
+                                       int64_t batch, int64_t k, int64_t vocab, int num_threads);
+
+// Same contract on the device; one thread block per request. Returns 0 or the launch's
+// cudaError_t. Out-of-range draft ids leave the row as all -1.
+int chain_speculative_sampling_cuda(const float* draft_probs, const int64_t* draft_ids,
+                                    const float* target_probs, const double* uniforms, int64_t* out_tokens,
+                                    int64_t* accepted_num, int64_t* emitted_num, int64_t batch, int64_t k,
+                                    int64_t vocab, void* stream);
+
+}  // namespace sonarspec
