@@ -163,3 +163,25 @@ def test_cuda_equals_cpu(B, K, V):
     cpu = ops.chain_speculative_sampling(None, ids, p, uniforms=u)
     cuda = ops.chain_speculative_sampling(None, ids.cuda(), p.cuda(), uniforms=u.cuda())
     assert all(torch.equal(c, g.cpu()) for c, g in zip(cpu, cuda))
+
+
+def test_batched_engine_verification_equals_per_request_verification():
+    """spec.verify.verify_chains (native, grouped by chain length) returns what
+    verify_chain returns request by request, with the same per-request generators."""
+    from sonarspec_ext.params import SamplingParams
+    from sonarspec_ext.spec.proposer import Draft
+    from sonarspec_ext.spec.verify import verify_chain, verify_chains
+    g = torch.Generator().manual_seed(0)
+    items = []
+    for i in range(40):
+        k, V = 1 + i % 4, 300
+        logits = torch.randn(k + 1, V, generator=g) * 3
+        ids = logits[:k].argmax(-1) if i % 3 else torch.randint(0, V, (k,), generator=g)
+        probs = (torch.randn(k, V, generator=g) * 3).softmax(-1) if i % 2 else None
+        params = SamplingParams(temperature=[0.0, 0.7, 1.0, 1.3][i % 4], top_k=[0, 20][i % 2], seed=i)
+        items.append((logits, Draft(ids.tolist(), probs), params, i))
+    gens = lambda: [torch.Generator().manual_seed(seed) for *_, seed in items]  # noqa: E731
+    batched = verify_chains([(lg, d, p, gen) for (lg, d, p, _), gen in zip(items, gens())])
+    single = [verify_chain(lg, d, p, gen) for (lg, d, p, _), gen in zip(items, gens())]
+    assert batched == single
+    assert {a for _, a in single} >= {0, 1, 2}

@@ -8,7 +8,9 @@
 //   every position that passes, emitted_num is the accepted prefix length;
 //   at the first rejection s the token is drawn from r = max(p_s - q_s, 0) (p_s when r
 //   sums to zero), after all K from p_K (the bonus), by inverse CDF: the first index
-//   whose running float64 sum exceeds uniforms[b, K] * sum(r).
+//   whose running float64 sum exceeds uniforms[b, K] * sum(r). Sums are taken in chunks
+//   (CPU) or block scans (CUDA); they equal a sequential scan's up to float64 rounding,
+//   which can move a draw only when the target falls within rounding of a boundary.
 // out_tokens[b] holds the accepted drafts then the drawn token, padded with -1.
 // Framework free: raw pointers, row-major contiguous arrays.
 #pragma once

@@ -25,7 +25,7 @@ from .sequence import Sequence
 from ..spec.factory import make_proposer, resolve_draft
 from ..spec.proposer import StepRecord
 from .sync_free import sync_free_step
-from ..spec.verify import verify_chain, verify_tree
+from ..spec.verify import verify_chains, verify_tree
 from .metadata import TreeBlock
 
 TIMING_KEYS = ("plan", "draft", "verify", "sample", "wait")
@@ -208,20 +208,24 @@ class Engine:
                                   hidden_indices=slice(None) if self.proposer.needs_hidden else None)
         logits, hidden = out if self.proposer.needs_hidden else (out, None)
         t3 = time.perf_counter()
+        chains = [(logits[offset:offset + len(draft.token_ids) + 1], draft, seq.params, seq.generator)
+                  for seq, start, row, n, frontier, offset, draft in blocks
+                  if frontier and draft is not None and draft.tree is None]
+        chain_results = iter(verify_chains(chains))
         results = []
         for seq, start, row, n, frontier, offset, draft in blocks:
             tokens, accepted, used = [], 0, list(range(row, row + n))   # used: rows now valid
             if frontier:
-                block = logits[offset:offset + (len(draft.token_ids) if draft else 0) + 1]
                 if draft is None:
-                    tokens = sample(block, [seq.params], [seq.generator])
+                    tokens = sample(logits[offset:offset + 1], [seq.params], [seq.generator])
                 elif draft.tree is not None:
+                    block = logits[offset:offset + len(draft.token_ids) + 1]
                     tokens, path = verify_tree(block, draft, seq.params, seq.generator)
                     accepted = len(path)
                     self._commit_tree_path(seq, path)
                     used += [row + n - 1 + i for i in path]
                 else:
-                    tokens, accepted = verify_chain(block, draft, seq.params, seq.generator)
+                    tokens, accepted = next(chain_results)
                     used += range(row + n, row + n + accepted)
             results.append((seq, start, frontier, tokens, accepted, draft, used))
         t4 = time.perf_counter()

@@ -5,6 +5,8 @@ from typing import Iterable, Optional
 
 import torch
 
+from .. import _C
+
 
 def check_tensor(name: str, t, *, dtypes: Optional[Iterable[torch.dtype]] = None, ndim: Optional[int] = None,
                  device: Optional[torch.device] = None, contiguous: bool = True) -> None:
@@ -22,3 +24,13 @@ def check_tensor(name: str, t, *, dtypes: Optional[Iterable[torch.dtype]] = None
 
 def stream_handle(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
+def built_with_cuda() -> bool:
+    """Whether the native extension has its CUDA kernels."""
+    return bool(_C.build_info()["cuda"])
+
+
+def check_cuda_build(op: str, device: torch.device) -> None:
+    if device.type == "cuda" and not built_with_cuda():
+        raise ValueError(f"{op} got CUDA tensors but sonarspec was built without CUDA")

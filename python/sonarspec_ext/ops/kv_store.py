@@ -4,10 +4,9 @@ from __future__ import annotations
 import torch
 
 from .. import _C
-from .checks import check_tensor, stream_handle
+from .checks import check_cuda_build, check_tensor, stream_handle
 
 _KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_BUILT_WITH_CUDA = _C.build_info()["cuda"]
 
 
 def kv_store(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -31,8 +30,7 @@ def kv_store(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: tor
         if tuple(t.shape[1:]) != row or t.shape[0] != slot_mapping.shape[0]:
             raise ValueError(f"{name} has shape {list(t.shape)}, expected [{slot_mapping.shape[0]}, "
                              f"{row[0]}, {row[1]}]")
-    if dev.type == "cuda" and not _BUILT_WITH_CUDA:
-        raise ValueError("kv_store got CUDA tensors but sonarspec was built without CUDA")
+    check_cuda_build("kv_store", dev)
     _C.kv_store(k.data_ptr(), v.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), slot_mapping.data_ptr(),
                 slot_mapping.shape[0], k_pool[0].numel() * k_pool.element_size(), k_pool.shape[0],
                 dev.type == "cuda", stream_handle(dev))

@@ -4,9 +4,8 @@ from __future__ import annotations
 import torch
 
 from .. import _C
-from .checks import check_tensor, stream_handle
+from .checks import check_cuda_build, check_tensor, stream_handle
 
-_BUILT_WITH_CUDA = _C.build_info()["cuda"]
 
 
 def shifted_scatter(input_ids: torch.Tensor, block_starts: torch.Tensor, block_lens: torch.Tensor,
@@ -25,8 +24,7 @@ def shifted_scatter(input_ids: torch.Tensor, block_starts: torch.Tensor, block_l
         check_tensor(name, t, dtypes=(torch.int64,), ndim=1, device=dev)
         if t.shape[0] != block_starts.shape[0]:
             raise ValueError(f"{name} has {t.shape[0]} entries, expected {block_starts.shape[0]} (one per block)")
-    if dev.type == "cuda" and not _BUILT_WITH_CUDA:
-        raise ValueError("shifted_scatter got CUDA tensors but sonarspec was built without CUDA")
+    check_cuda_build("shifted_scatter", dev)
     out = input_ids.clone()
     _C.shifted_scatter(input_ids.data_ptr(), out.data_ptr(), block_starts.data_ptr(), block_lens.data_ptr(),
                        next_tokens.data_ptr(), accepted.data_ptr(), block_starts.shape[0], dev.type == "cuda",

@@ -6,12 +6,11 @@ from typing import Optional, Tuple
 import torch
 
 from .. import _C
-from .checks import check_tensor, stream_handle
+from .checks import check_cuda_build, check_tensor, stream_handle
 from .linear import native_threads
 from .reference import tree_speculative_sampling_reference
 
 _PROB_DTYPES = (torch.float32,)
-_BUILT_WITH_CUDA = _C.build_info()["cuda"]
 
 
 def chain_speculative_sampling(draft_probs: Optional[torch.Tensor], draft_token_ids: torch.Tensor,
@@ -56,8 +55,7 @@ def chain_speculative_sampling(draft_probs: Optional[torch.Tensor], draft_token_
         raise ValueError(f"uniforms has shape {list(uniforms.shape)}, expected [{B}, {K + 1}]")
     if dev.type == "cpu" and B and K and (int(draft_token_ids.min()) < 0 or int(draft_token_ids.max()) >= V):
         raise ValueError(f"draft_token_ids must lie in [0, {V})")
-    if dev.type == "cuda" and not _BUILT_WITH_CUDA:
-        raise ValueError("chain_speculative_sampling got CUDA tensors but sonarspec was built without CUDA")
+    check_cuda_build("chain_speculative_sampling", dev)
     out = torch.empty(B, K + 1, dtype=torch.int64, device=dev)
     accepted, emitted = (torch.empty(B, dtype=torch.int64, device=dev) for _ in range(2))
     _C.chain_speculative_sampling(0 if draft_probs is None else draft_probs.data_ptr(), draft_token_ids.data_ptr(),

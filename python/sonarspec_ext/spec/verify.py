@@ -10,6 +10,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from .. import ops
 from ..engine.sampler import processed_probs
 from ..ops.reference import inverse_cdf, tree_walk
 from .proposer import Draft
@@ -48,6 +49,31 @@ def verify_chain(target_logits: torch.Tensor, draft: Draft, params,
     tokens, accepted = verify_chain_device(target_logits, ids, draft.probs, params, generator)
     a = int(accepted)
     return tokens[:a + 1].tolist(), a
+
+
+def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, Optional[torch.Generator]]]
+                  ) -> List[Tuple[List[int], int]]:
+    """``verify_chain`` for many sequences at once: ``items`` are (target_logits, draft,
+    params, generator). Sampled chains of one length go through one native
+    ``ops.chain_speculative_sampling`` call, their uniforms drawn from each request's
+    generator as ``verify_chain_device`` draws them, so the results are the same."""
+    results: List[Optional[Tuple[List[int], int]]] = [None] * len(items)
+    groups = {}
+    for i, (logits, draft, params, gen) in enumerate(items):
+        if params.greedy or (logits.device.type == "cuda" and not ops.built_with_cuda()):
+            results[i] = verify_chain(logits, draft, params, gen)
+        else:
+            groups.setdefault((len(draft.token_ids), draft.probs is not None), []).append(i)
+    for (k, has_q), idx in groups.items():
+        dev = items[idx[0]][0].device
+        p = torch.stack([processed_probs(items[i][0], items[i][2]) for i in idx])
+        u = torch.stack([torch.rand(k + 1, dtype=torch.float64, generator=items[i][3], device=dev) for i in idx])
+        q = torch.stack([items[i][1].probs for i in idx]).float() if has_q else None
+        ids = torch.tensor([items[i][1].token_ids for i in idx], dtype=torch.long, device=dev).view(len(idx), k)
+        out, _, emitted = ops.chain_speculative_sampling(q, ids, p, uniforms=u)
+        for r, (row, a) in enumerate(zip(out.tolist(), emitted.tolist())):
+            results[idx[r]] = (row[:a + 1], a)
+    return results
 
 
 def verify_tree(target_logits: torch.Tensor, draft: Draft, params,

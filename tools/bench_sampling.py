@@ -1,0 +1,69 @@
+#!/usr/bin/env python
+"""ops.chain_speculative_sampling (native CPU kernel) against its torch reference and the
+engine's vectorised per-request verifier, same inputs, same run; median of 5 batches.
+
+    python tools/bench_sampling.py [--json PATH] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from sonarspec_ext import ops
+from sonarspec_ext.ops.reference import chain_speculative_sampling_reference
+from sonarspec_ext.params import SamplingParams
+from sonarspec_ext.spec.verify import verify_chain_device
+
+
+def median_us(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        times.append((time.perf_counter() - t0) / reps * 1e6)
+    return statistics.median(times)
+
+
+def case(B: int, K: int, V: int):
+    g = torch.Generator().manual_seed(B * K + V)
+    logits = torch.randn(B, K + 1, V, generator=g) * 2
+    p = logits.softmax(-1)
+    q = (torch.randn(B, K, V, generator=g) * 2).softmax(-1)
+    ids = torch.randint(0, V, (B, K), generator=g)
+    u = torch.rand(B, K + 1, dtype=torch.float64, generator=g)
+    return logits, p, q, ids, u
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    shapes = [(64, 4, 32000)] if args.quick else [(1, 4, 32000), (8, 4, 32000), (64, 4, 32000), (64, 1, 32000),
+                                                  (64, 7, 32000), (16, 4, 128256)]
+    params = SamplingParams(temperature=1.0)
+    rows = []
+    for B, K, V in shapes:
+        logits, p, q, ids, u = case(B, K, V)
+        native = median_us(lambda: ops.chain_speculative_sampling(q, ids, p, uniforms=u), 20)
+        reference = median_us(lambda: chain_speculative_sampling_reference(q, ids, p, u), 2)
+        gen = torch.Generator().manual_seed(0)
+        per_request = median_us(lambda: [verify_chain_device(logits[b], ids[b], q[b], params, gen) for b in range(B)], 2)
+        row = {"batch": B, "k": K, "vocab": V, "native_us": round(native, 1), "reference_us": round(reference, 1),
+               "engine_per_request_us": round(per_request, 1), "native_vs_reference": round(reference / native, 1)}
+        rows.append(row)
+        print(f"B {B:3d} K {K} V {V:6d}: native {native:9.1f} us   torch reference {reference:10.1f} us "
+              f"({reference / native:6.1f}x)   engine per-request verifier {per_request:10.1f} us")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"threads": torch.get_num_threads(), "torch": torch.__version__, "results": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
