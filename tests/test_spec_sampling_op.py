@@ -152,6 +152,7 @@ def test_native_rejects_bad_tensors_before_any_native_call():
         ops.chain_speculative_sampling(q, ids, p.double(), uniforms=u)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("B,K,V", [(1, 1, 111), (7, 3, 8192), (99, 7, 32000)])
 def test_cuda_equals_cpu(B, K, V):

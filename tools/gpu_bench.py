@@ -1,0 +1,93 @@
+#!/usr/bin/env python
+"""Times the CUDA kernels with CUDA events (median of 50) and compares each with a
+device-to-device copy of the bytes it must read, measured in the same run.
+
+    python tools/gpu_bench.py --json results.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from sonarspec_ext import ops
+
+
+def cuda_median_us(fn, reps: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+def copy_floor_us(num_bytes: int) -> float:
+    """Time to read ``num_bytes`` once (a device-to-device copy moves them twice: halved)."""
+    src = torch.empty(num_bytes // 4 + 1, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    return cuda_median_us(lambda: dst.copy_(src)) / 2
+
+
+def bench_sampling(rows: list) -> None:
+    for B, K, V in [(1, 4, 32000), (64, 4, 32000), (64, 4, 128256), (256, 4, 32000)]:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        p = torch.rand(B, K + 1, V, device="cuda", generator=g)
+        p /= p.sum(-1, keepdim=True)
+        q = torch.rand(B, K, V, device="cuda", generator=g)
+        q /= q.sum(-1, keepdim=True)
+        ids = torch.randint(0, V, (B, K), device="cuda", generator=g)
+        u = torch.rand(B, K + 1, dtype=torch.float64, device="cuda", generator=g)
+        us = cuda_median_us(lambda: ops.chain_speculative_sampling(q, ids, p, uniforms=u))
+        # floor: the stopping rows of p and q read once (what the kernel must touch at least)
+        floor = copy_floor_us(B * V * 4 * 2)
+        rows.append({"kernel": "chain_speculative_sampling", "batch": B, "k": K, "vocab": V, "us": round(us, 2),
+                     "read_floor_us": round(floor, 2), "vs_floor": round(us / floor, 2)})
+
+
+def bench_scatter_and_store(rows: list) -> None:
+    n, blocks = 4096, 1024
+    ids = torch.randint(0, 32000, (n,), device="cuda")
+    starts = torch.arange(blocks, device="cuda") * (n // blocks)
+    lens = torch.full((blocks,), n // blocks, device="cuda")
+    nxt, acc = torch.randint(0, 32000, (blocks,), device="cuda"), torch.randint(0, n // blocks, (blocks,), device="cuda")
+    us = cuda_median_us(lambda: ops.shifted_scatter(ids, starts, lens, nxt, acc))
+    rows.append({"kernel": "shifted_scatter", "tokens": n, "us": round(us, 2),
+                 "read_floor_us": round(copy_floor_us(n * 8), 2)})
+    T, H, D, S = 256, 8, 128, 65536
+    k_pool = torch.zeros(S, H, D, dtype=torch.bfloat16, device="cuda")
+    v_pool = torch.zeros_like(k_pool)
+    k, v = torch.randn(T, H, D, dtype=torch.bfloat16, device="cuda"), torch.randn(T, H, D, dtype=torch.bfloat16, device="cuda")
+    slots = torch.randperm(S, device="cuda")[:T]
+    us = cuda_median_us(lambda: ops.kv_store(k_pool, v_pool, k, v, slots))
+    floor = copy_floor_us(2 * T * H * D * 2)
+    rows.append({"kernel": "kv_store", "tokens": T, "us": round(us, 2), "read_floor_us": round(floor, 2),
+                 "vs_floor": round(us / floor, 2)})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or not ops.built_with_cuda():
+        raise SystemExit("gpu_bench: needs a CUDA device and a CUDA build of sonarspec")
+    rows: list = []
+    bench_sampling(rows)
+    bench_scatter_and_store(rows)
+    for r in rows:
+        print(json.dumps(r))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": rows}, fh,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
