@@ -102,7 +102,7 @@ def test_point_mass_children_are_lossless(seed):
     probs = torch.stack([p_root, p_after[3], p_after[7], p_after[1], p_after[5], p_after[2]])
     first, nxt = _links(n)
     out, index, num_accepted = ops.tree_speculative_sampling(
-        torch.tensor(tokens).repeat(n, 1), first, nxt, probs.expand(n, -1, -1), generator=g)
+        torch.tensor(tokens).repeat(n, 1), first, nxt, probs.float().expand(n, -1, -1).contiguous(), generator=g)
     _check_two_token_law(out, num_accepted, p_root, p_after)
     assert (index[:, 0] == 0).all() and int(num_accepted.max()) == 2
     assert int(num_accepted.sum()) > 0.3 * n         # the tree is used, not always rejected
@@ -121,13 +121,13 @@ def test_sampled_children_are_lossless():
     target = torch.stack([p_root.expand(n, -1)] + [p_after[cand[:, j]] for j in range(1, 6)], 1)
     draft = torch.stack([q_root.expand(n, -1)] + [q_after[cand[:, j]] for j in range(1, 6)], 1)
     first, nxt = _links(n)
-    out, _, num_accepted = ops.tree_speculative_sampling(cand, first, nxt, target, draft, generator=g)
+    out, _, num_accepted = ops.tree_speculative_sampling(cand, first, nxt, target.float(), draft.float(), generator=g)
     _check_two_token_law(out, num_accepted, p_root, p_after)
 
 
 def test_one_hot_target_follows_its_path_and_bad_inputs_are_refused():
     tokens = torch.tensor([[0, 3, 7, 1, 5, 2]])
-    probs = torch.zeros(1, 6, V, dtype=torch.float64)
+    probs = torch.zeros(1, 6, V)
     probs[0, 0, 1], probs[0, 3, 4] = 1, 1            # root -> c (token 1) -> 4 (not drafted)
     first, nxt = _links(1)
     out, index, num_accepted = ops.tree_speculative_sampling(tokens, first, nxt, probs)
@@ -138,3 +138,43 @@ def test_one_hot_target_follows_its_path_and_bad_inputs_are_refused():
         ops.tree_speculative_sampling(tokens, first * 0, nxt, probs)
     with pytest.raises(ValueError, match="draft_probs has shape"):
         ops.tree_speculative_sampling(tokens, first, nxt, probs, probs[:, :3])
+
+
+@pytest.mark.parametrize("B,V,sampled", [(1, 111, False), (7, 8192, True), (40, 32000, False), (9, 500, True)])
+def test_native_tree_sampler_equals_the_reference_draw_for_draw(B, V, sampled):
+    """Random trees (up to 12 nodes), same uniforms: same tokens, paths and counts as the
+    torch reference, with point-mass and sampled children."""
+    from sonarspec_ext.ops.reference import tree_speculative_sampling_reference
+    g = torch.Generator().manual_seed(B + V)
+    N = 12
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, N)]
+    first, nxt = (torch.from_numpy(a).repeat(B, 1) for a in DraftTree([0] * N, parents).links())
+    logits = torch.randn(B, N, V, generator=g) * 3
+    logits[:, :, :3] += 14                             # mass on a few tokens, so paths get accepted
+    p = logits.softmax(-1)
+    cand = torch.randint(0, 3, (B, N), generator=g)
+    q = (torch.randn(B, N, V, generator=g) * 3).softmax(-1) if sampled else None
+    u = torch.rand(B, N + 1, dtype=torch.float64, generator=g)
+    got = ops.tree_speculative_sampling(cand, first, nxt, p, q, uniforms=u)
+    want = tree_speculative_sampling_reference(cand, first, nxt, p, q, u)
+    for a, b, name in zip(got, want, ("tokens", "accept_index", "num_accepted")):
+        assert torch.equal(a, b), name
+    if B > 5:
+        assert (got[2] > 0).any()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tree_sampler_equals_cpu():
+    g = torch.Generator().manual_seed(0)
+    B, N, V = 33, 10, 32000
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, N)]
+    first, nxt = (torch.from_numpy(a).repeat(B, 1) for a in DraftTree([0] * N, parents).links())
+    p = (torch.randn(B, N, V, generator=g) * 4).softmax(-1)
+    cand = torch.randint(0, V, (B, N), generator=g)
+    u = torch.rand(B, N + 1, dtype=torch.float64, generator=g)
+    for q in (None, (torch.randn(B, N, V, generator=g) * 3).softmax(-1)):
+        cpu = ops.tree_speculative_sampling(cand, first, nxt, p, q, uniforms=u)
+        cuda = ops.tree_speculative_sampling(cand.cuda(), first.cuda(), nxt.cuda(), p.cuda(),
+                                             None if q is None else q.cuda(), uniforms=u.cuda())
+        assert all(torch.equal(a, b.cpu()) for a, b in zip(cpu, cuda))

@@ -113,6 +113,30 @@ int64_t chain_speculative_sampling(uintptr_t draft_probs, uintptr_t draft_ids, u
       });
 }
 
+int64_t tree_speculative_sampling(uintptr_t candidates, uintptr_t first_child, uintptr_t next_sibling,
+                                  uintptr_t target_probs, uintptr_t draft_probs, uintptr_t uniforms,
+                                  uintptr_t out_tokens, uintptr_t accept_index, uintptr_t num_accepted, uintptr_t work,
+                                  int64_t batch, int64_t nodes, int64_t vocab, bool on_cuda, uintptr_t stream,
+                                  int num_threads) {
+  auto f = [](uintptr_t x) { return reinterpret_cast<const float*>(x); };
+  auto i = [](uintptr_t x) { return reinterpret_cast<const int64_t*>(x); };
+  auto o = [](uintptr_t x) { return reinterpret_cast<int64_t*>(x); };
+  auto u = reinterpret_cast<const double*>(uniforms);
+  auto wk = reinterpret_cast<double*>(work);
+  return dispatch(
+      "tree_speculative_sampling", on_cuda,
+      [&] {
+        return tree_speculative_sampling_cpu(i(candidates), i(first_child), i(next_sibling), f(target_probs),
+                                             f(draft_probs), u, o(out_tokens), o(accept_index), o(num_accepted), wk,
+                                             batch, nodes, vocab, num_threads);
+      },
+      [&] {
+        return tree_speculative_sampling_cuda(i(candidates), i(first_child), i(next_sibling), f(target_probs),
+                                              f(draft_probs), u, o(out_tokens), o(accept_index), o(num_accepted), wk,
+                                              batch, nodes, vocab, reinterpret_cast<void*>(stream));
+      });
+}
+
 int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr_t kv_slots, int64_t max_kv_len,
                         uintptr_t token_seq, uintptr_t key_begin, uintptr_t key_end, uintptr_t tree_begin,
                         uintptr_t tree_mask, uintptr_t out,
@@ -161,6 +185,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("paged_attention", &paged_attention, "Small-query paged attention on the CPU, float32 (raw pointers).");
   m.def("chain_speculative_sampling", &chain_speculative_sampling,
         "Chain rejection sampling with given float64 uniforms, CPU or CUDA (raw pointers).");
+  m.def("tree_speculative_sampling", &tree_speculative_sampling,
+        "Recursive rejection sampling over draft trees with given float64 uniforms, CPU or CUDA (raw pointers).");
   m.def("shifted_scatter", &shifted_scatter, "Shift token blocks left and scatter the next tokens (raw pointers).");
 
   py::class_<PlannerConfig>(m, "PlannerConfig")

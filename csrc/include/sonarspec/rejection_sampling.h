@@ -36,3 +36,31 @@ int chain_speculative_sampling_cuda(const float* draft_probs, const int64_t* dra
                                     int64_t vocab, void* stream);
 
 }  // namespace sonarspec
+
+namespace sonarspec {
+
+// Recursive rejection sampling over draft trees. Per request, N nodes with node 0 the
+// root: candidates (B, N) tokens, first_child / next_sibling (B, N) links (-1: none,
+// otherwise a later node), target_probs (B, N, V) float, draft_probs (B, N, V) float or
+// null (children are distinct tokens chosen deterministically: point masses),
+// uniforms (B, N + 1) double. Walking from the root, the t-th child tried (t = 0, 1, ...)
+// uses uniforms[b, t]: with w the current unnormalised target row and T its sum, child x
+// is accepted when u * q(x) * T < w(x) (point mass: u * T < w(x)); on rejection
+// w <- max(w / T - q, 0) (point mass: w(x) <- 0); when no child is accepted the token is
+// drawn from w by inverse CDF with uniforms[b, N]. Outputs: out_tokens (B, N) accepted
+// tokens then the drawn one, padded -1; accept_index (B, N) the accepted path's nodes
+// from the root, padded -1; num_accepted (B,). `work` is (B, V) double scratch.
+// Returns the number of requests with invalid links or tokens (left as all -1).
+int64_t tree_speculative_sampling_cpu(const int64_t* candidates, const int64_t* first_child,
+                                      const int64_t* next_sibling, const float* target_probs,
+                                      const float* draft_probs, const double* uniforms, int64_t* out_tokens,
+                                      int64_t* accept_index, int64_t* num_accepted, double* work, int64_t batch,
+                                      int64_t nodes, int64_t vocab, int num_threads);
+
+int tree_speculative_sampling_cuda(const int64_t* candidates, const int64_t* first_child,
+                                   const int64_t* next_sibling, const float* target_probs, const float* draft_probs,
+                                   const double* uniforms, int64_t* out_tokens, int64_t* accept_index,
+                                   int64_t* num_accepted, double* work, int64_t batch, int64_t nodes, int64_t vocab,
+                                   void* stream);
+
+}  // namespace sonarspec

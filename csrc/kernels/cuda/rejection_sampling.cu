@@ -115,7 +115,9 @@ __global__ void chain_sampling_kernel(const float* __restrict__ draft_probs, con
     __syncthreads();
     if (tid == 0) s_running = before + chunk;
     __syncthreads();
-    if (s_found != LLONG_MAX) break;
+    const bool done = s_found != LLONG_MAX;
+    __syncthreads();  // all have read s_found and s_running before the next chunk
+    if (done) break;
   }
   if (tid == 0) out[s] = s_found != LLONG_MAX ? s_found : s_last;
 }

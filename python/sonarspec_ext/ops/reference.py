@@ -115,9 +115,10 @@ def tree_attention_cascade_reference(q, k_pool, v_pool, kv_slots, token_seq, key
     return out.reshape(T, H * D).float()
 
 
-def tree_walk(candidates, first_child, next_sibling, target_probs, draft_probs, generator):
-    """One tree of ``tree_speculative_sampling_reference``: (emitted tokens, accepted nodes)."""
-    tokens, path, node = [], [], 0
+def tree_walk(candidates, first_child, next_sibling, target_probs, draft_probs, uniforms):
+    """One tree of ``tree_speculative_sampling_reference``: (emitted tokens, accepted
+    nodes). The t-th child tried uses uniforms[t]; the final draw uniforms[-1]."""
+    tokens, path, node, tries = [], [], 0, 0
     while True:
         p = target_probs[node].double()
         p = p / p.sum()
@@ -125,7 +126,8 @@ def tree_walk(candidates, first_child, next_sibling, target_probs, draft_probs, 
         child, moved = int(first_child[node]), False
         while child != -1:
             x = int(candidates[child])
-            u = float(torch.rand(1, dtype=torch.float64, generator=generator))
+            u = float(uniforms[tries])
+            tries += 1
             if u * (1.0 if q is None else float(q[x])) < float(p[x]):
                 tokens.append(x)
                 path.append(child)
@@ -141,20 +143,20 @@ def tree_walk(candidates, first_child, next_sibling, target_probs, draft_probs, 
                 p = rest / rest.sum()
             child = int(next_sibling[child])
         if not moved:
-            tokens.append(_sample_row(p, generator))
+            tokens.append(int(inverse_cdf(p, uniforms[-1])))
             return tokens, path
 
 
-def tree_speculative_sampling_reference(candidates, first_child, next_sibling, target_probs, draft_probs=None,
-                                        generator=None):
-    """Recursive rejection sampling over draft trees (see ops.tree_speculative_sampling)."""
+def tree_speculative_sampling_reference(candidates, first_child, next_sibling, target_probs, draft_probs, uniforms):
+    """Recursive rejection sampling over draft trees (see ops.tree_speculative_sampling),
+    ``uniforms`` (B, N + 1) float64."""
     B, N = candidates.shape
     out = torch.full((B, N), -1, dtype=torch.int64)
     accept_index = torch.full((B, N), -1, dtype=torch.int64)
     num_accepted = torch.zeros(B, dtype=torch.int64)
     for b in range(B):
         tokens, path = tree_walk(candidates[b], first_child[b], next_sibling[b], target_probs[b],
-                                 None if draft_probs is None else draft_probs[b], generator)
+                                 None if draft_probs is None else draft_probs[b], uniforms[b])
         out[b, :len(tokens)] = torch.tensor(tokens)
         accept_index[b, :len(path) + 1] = torch.tensor([0] + path)
         num_accepted[b] = len(path)

@@ -8,7 +8,6 @@ import torch
 from .. import _C
 from .checks import check_cuda_build, check_tensor, stream_handle
 from .linear import native_threads
-from .reference import tree_speculative_sampling_reference
 
 _PROB_DTYPES = (torch.float32,)
 
@@ -67,46 +66,59 @@ def chain_speculative_sampling(draft_probs: Optional[torch.Tensor], draft_token_
 
 def tree_speculative_sampling(candidates: torch.Tensor, first_child: torch.Tensor, next_sibling: torch.Tensor,
                               target_probs: torch.Tensor, draft_probs: Optional[torch.Tensor] = None, *,
-                              generator: Optional[torch.Generator] = None
+                              generator: Optional[torch.Generator] = None, uniforms: Optional[torch.Tensor] = None
                               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Recursive rejection sampling over draft trees (lossless).
+    """Recursive rejection sampling over draft trees (lossless), natively on the CPU or CUDA.
 
     Per request, a tree of N nodes with node 0 the root (the last committed token):
-    ``candidates`` (B, N) token of each node (column 0 unused); ``first_child``,
+    ``candidates`` (B, N) int64 token of each node (column 0 unused); ``first_child``,
     ``next_sibling`` (B, N) int64 links, -1 for none, siblings tried in list order;
-    ``target_probs`` (B, N, V) the processed target distribution after each node;
-    ``draft_probs`` (B, N, V) the draft distribution each node's children were drawn from
-    (independently, with replacement), or None when the children are distinct tokens
-    picked deterministically (top-k).
+    ``target_probs`` (B, N, V) float32, the processed target distribution after each node;
+    ``draft_probs`` (B, N, V) float32, the draft distribution each node's children were
+    drawn from (independently, with replacement), or None when the children are distinct
+    tokens picked deterministically (top-k); ``uniforms`` (B, N + 1) float64, drawn from
+    ``generator`` when not given.
 
-    At a node, child x is accepted when u * q(x) < p(x) (point mass: u < p(x)); on
-    rejection p <- norm(max(p - q, 0)) (point mass: p(x) <- 0, renormalised) and the next
-    sibling is tried; when all fail (or at a leaf) one token is drawn from the current p.
-    Returns ``output_token_ids`` (B, N) padded with -1 (accepted tokens then the final
-    draw), ``accept_index`` (B, N) the accepted path's node indices from the root, padded
-    with -1, and ``num_accepted`` (B,).
+    At a node, child x is accepted when u * q(x) < p(x) (point mass: u < p(x)), the t-th
+    child tried using uniforms[:, t]; on rejection p <- norm(max(p - q, 0)) (point mass:
+    p(x) <- 0, renormalised) and the next sibling is tried; when all fail (or at a leaf)
+    one token is drawn from the current p by inverse CDF with uniforms[:, N]. Returns
+    ``output_token_ids`` (B, N) padded with -1 (accepted tokens then the final draw),
+    ``accept_index`` (B, N) the accepted path's node indices from the root, padded with
+    -1, and ``num_accepted`` (B,).
     """
-    check_tensor("target_probs", target_probs, dtypes=_PROB_DTYPES + (torch.float64,), ndim=3, contiguous=False)
+    check_tensor("target_probs", target_probs, dtypes=_PROB_DTYPES, ndim=3)
     B, N, V = target_probs.shape
     dev = target_probs.device
     for name, t in (("candidates", candidates), ("first_child", first_child), ("next_sibling", next_sibling)):
-        check_tensor(name, t, dtypes=(torch.int64, torch.int32), ndim=2, device=dev, contiguous=False)
+        check_tensor(name, t, dtypes=(torch.int64,), ndim=2, device=dev)
         if tuple(t.shape) != (B, N):
             raise ValueError(f"{name} has shape {list(t.shape)}, expected [{B}, {N}]")
     if draft_probs is not None:
-        check_tensor("draft_probs", draft_probs, dtypes=_PROB_DTYPES + (torch.float64,), ndim=3, device=dev,
-                     contiguous=False)
+        check_tensor("draft_probs", draft_probs, dtypes=_PROB_DTYPES, ndim=3, device=dev)
         if tuple(draft_probs.shape) != (B, N, V):
             raise ValueError(f"draft_probs has shape {list(draft_probs.shape)}, expected [{B}, {N}, {V}]")
-    if B and N > 1 and (int(candidates[:, 1:].min()) < 0 or int(candidates[:, 1:].max()) >= V):
-        raise ValueError(f"candidates must lie in [0, {V})")
-    for name, t in (("first_child", first_child), ("next_sibling", next_sibling)):
-        idx = torch.arange(N, device=dev)
-        if B and bool(((t != -1) & ((t <= idx) | (t >= N))).any()):
-            raise ValueError(f"{name} must point to a later node (index in (i, {N})) or be -1")
-    return tree_speculative_sampling_reference(
-        candidates.cpu(), first_child.cpu(), next_sibling.cpu(), target_probs.cpu(),
-        None if draft_probs is None else draft_probs.cpu(), generator)
+    if uniforms is None:
+        uniforms = torch.rand(B, N + 1, dtype=torch.float64, generator=generator, device=dev)
+    check_tensor("uniforms", uniforms, dtypes=(torch.float64,), ndim=2, device=dev)
+    if tuple(uniforms.shape) != (B, N + 1):
+        raise ValueError(f"uniforms has shape {list(uniforms.shape)}, expected [{B}, {N + 1}]")
+    if dev.type == "cpu" and B:   # on CUDA invalid rows come back as all -1 (no host sync)
+        if N > 1 and (int(candidates[:, 1:].min()) < 0 or int(candidates[:, 1:].max()) >= V):
+            raise ValueError(f"candidates must lie in [0, {V})")
+        idx = torch.arange(N)
+        for name, t in (("first_child", first_child), ("next_sibling", next_sibling)):
+            if bool(((t != -1) & ((t <= idx) | (t >= N))).any()):
+                raise ValueError(f"{name} must point to a later node (index in (i, {N})) or be -1")
+    check_cuda_build("tree_speculative_sampling", dev)
+    out, index = (torch.empty(B, N, dtype=torch.int64, device=dev) for _ in range(2))
+    num_accepted = torch.empty(B, dtype=torch.int64, device=dev)
+    work = torch.empty(B, V, dtype=torch.float64, device=dev)
+    _C.tree_speculative_sampling(candidates.data_ptr(), first_child.data_ptr(), next_sibling.data_ptr(),
+                                 target_probs.data_ptr(), 0 if draft_probs is None else draft_probs.data_ptr(),
+                                 uniforms.data_ptr(), out.data_ptr(), index.data_ptr(), num_accepted.data_ptr(),
+                                 work.data_ptr(), B, N, V, dev.type == "cuda", stream_handle(dev), native_threads())
+    return out, index, num_accepted
 
 
 def greedy_verify(draft_token_ids: torch.Tensor, target_argmax: torch.Tensor) -> Tuple[list, int]:

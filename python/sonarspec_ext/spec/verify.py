@@ -12,7 +12,7 @@ import torch
 
 from .. import ops
 from ..engine.sampler import processed_probs
-from ..ops.reference import inverse_cdf, tree_walk
+from ..ops.reference import inverse_cdf
 from .proposer import Draft
 
 
@@ -97,4 +97,9 @@ def verify_tree(target_logits: torch.Tensor, draft: Draft, params,
             path.append(child)
             node = child
     p = processed_probs(target_logits, params)
-    return tree_walk(tree.tokens, first, nxt, p, None, generator)
+    dev = p.device
+    as_row = lambda a: torch.as_tensor(a, dtype=torch.long, device=dev).view(1, -1)  # noqa: E731
+    out, index, accepted = ops.tree_speculative_sampling(as_row(tree.tokens), as_row(first), as_row(nxt), p[None],
+                                                         generator=generator)
+    a = int(accepted[0])
+    return out[0, :a + 1].tolist(), index[0, 1:a + 1].tolist()
