@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """ops.chain_speculative_sampling (native CPU kernel) against its torch reference and the
-engine's vectorised per-request verifier, same inputs, same run; median of 5 batches.
+engine's vectorised per-request verifier, and ops.tree_speculative_sampling against its
+reference; same inputs, same run; median of 5 batches.
 
     python tools/bench_sampling.py [--json PATH] [--quick]
 """
@@ -14,8 +15,9 @@ import time
 import torch
 
 from sonarspec_ext import ops
-from sonarspec_ext.ops.reference import chain_speculative_sampling_reference
+from sonarspec_ext.ops.reference import chain_speculative_sampling_reference, tree_speculative_sampling_reference
 from sonarspec_ext.params import SamplingParams
+from sonarspec_ext.spec.tree import DraftTree
 from sonarspec_ext.spec.verify import verify_chain_device
 
 
@@ -60,9 +62,24 @@ def main() -> None:
         rows.append(row)
         print(f"B {B:3d} K {K} V {V:6d}: native {native:9.1f} us   torch reference {reference:10.1f} us "
               f"({reference / native:6.1f}x)   engine per-request verifier {per_request:10.1f} us")
+    trees = []
+    for B, N, V in [(8, 16, 32000)] if args.quick else [(1, 16, 32000), (8, 16, 32000), (64, 8, 32000)]:
+        g = torch.Generator().manual_seed(B + N)
+        parents = [-1] + [(i - 1) // 4 for i in range(1, N)]      # top-4 children, breadth first
+        first, nxt = (torch.from_numpy(a).repeat(B, 1) for a in DraftTree([0] * N, parents).links())
+        p = (torch.randn(B, N, V, generator=g) * 2).softmax(-1)
+        cand = torch.randint(0, V, (B, N), generator=g)
+        u = torch.rand(B, N + 1, dtype=torch.float64, generator=g)
+        native = median_us(lambda: ops.tree_speculative_sampling(cand, first, nxt, p, uniforms=u), 20)
+        reference = median_us(lambda: tree_speculative_sampling_reference(cand, first, nxt, p, None, u), 2)
+        trees.append({"batch": B, "nodes": N, "vocab": V, "native_us": round(native, 1),
+                      "reference_us": round(reference, 1), "native_vs_reference": round(reference / native, 1)})
+        print(f"tree B {B:3d} N {N:2d} V {V:6d}: native {native:9.1f} us   torch reference {reference:10.1f} us "
+              f"({reference / native:6.1f}x)")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"threads": torch.get_num_threads(), "torch": torch.__version__, "results": rows}, fh, indent=1)
+            json.dump({"threads": torch.get_num_threads(), "torch": torch.__version__, "results": rows,
+                       "trees": trees}, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,21 @@ def bench_sampling(rows: list) -> None:
                      "read_floor_us": round(floor, 2), "vs_floor": round(us / floor, 2)})
 
 
+def bench_tree_sampling(rows: list) -> None:
+    from sonarspec_ext.spec.tree import DraftTree
+    for B, N, V in [(1, 16, 32000), (64, 16, 32000), (256, 8, 128256)]:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        parents = [-1] + [(i - 1) // 4 for i in range(1, N)]
+        first, nxt = (torch.from_numpy(a).repeat(B, 1).cuda() for a in DraftTree([0] * N, parents).links())
+        p = torch.rand(B, N, V, device="cuda", generator=g)
+        p /= p.sum(-1, keepdim=True)
+        cand = torch.randint(0, V, (B, N), device="cuda", generator=g)
+        u = torch.rand(B, N + 1, dtype=torch.float64, device="cuda", generator=g)
+        us = cuda_median_us(lambda: ops.tree_speculative_sampling(cand, first, nxt, p, uniforms=u))
+        rows.append({"kernel": "tree_speculative_sampling", "batch": B, "nodes": N, "vocab": V, "us": round(us, 2),
+                     "read_floor_us": round(copy_floor_us(B * V * 4), 2)})
+
+
 def bench_scatter_and_store(rows: list) -> None:
     n, blocks = 4096, 1024
     ids = torch.randint(0, 32000, (n,), device="cuda")
@@ -80,6 +95,7 @@ def main() -> None:
         raise SystemExit("gpu_bench: needs a CUDA device and a CUDA build of sonarspec")
     rows: list = []
     bench_sampling(rows)
+    bench_tree_sampling(rows)
     bench_scatter_and_store(rows)
     for r in rows:
         print(json.dumps(r))
