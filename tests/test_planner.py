@@ -85,3 +85,105 @@ def test_random_workload_returns_every_page():
         p.finish(sid)
     assert p.num_free_pages == 48 and p.num_running == 0 and p.num_waiting == 0
     assert next_id > 150 and preemptions > 0
+
+
+def _drive(planners, seed, iterations=500, lookahead=3):
+    """Drives planners with the same random workload - admissions, decode steps whose
+    drafts are accepted (commit) or rejected (truncate), aborts, preemption - checking
+    after every step that they agree. planners[0] may schedule asynchronously."""
+    rng = random.Random(seed)
+    live, next_id, preemptions, steps = {}, 0, 0, 0
+    for it in range(iterations):
+        if rng.random() < 0.4 and len(live) < 24:
+            n = rng.randint(1, 50)
+            for p in planners:
+                p.add_request(next_id, n)
+            live[next_id] = rng.randint(1, 30)
+            next_id += 1
+        plans = [p.schedule(lookahead) if not hasattr(p, "schedule_async") or it % 2 else
+                 p.schedule_async(lookahead).wait() for p in planners]
+        assert all(pl == plans[0] for pl in plans), (it, plans)
+        seqs, pre = plans[0]
+        preemptions += len(pre)
+        steps += 1
+        for sid, start, n in seqs:
+            if start + n != planners[0].num_tokens(sid):
+                continue
+            drafts, accepted = rng.randint(0, lookahead), None
+            accepted = rng.randint(0, drafts)
+            live[sid] -= 1
+            for p in planners:
+                p.append_tokens(sid, 1 + accepted)        # accepted drafts plus one token
+                p.commit(sid, start + n + accepted)       # KV valid through the accepted drafts
+            if live[sid] <= 0:
+                for p in planners:
+                    p.finish(sid)
+                del live[sid]
+        if live and rng.random() < 0.05:
+            sid = rng.choice(sorted(live))
+            for p in planners:
+                p.finish(sid)
+            del live[sid]
+        for sid in live:
+            assert all(p.page_table(sid) == planners[0].page_table(sid) for p in planners)
+        assert len({p.num_free_pages for p in planners}) == 1
+    for sid in list(live):
+        for p in planners:
+            p.finish(sid)
+    assert all(p.num_free_pages == planners[0].num_free_pages for p in planners)
+    return next_id, preemptions
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_native_planner_matches_the_python_reference_sync_and_async(seed):
+    from sonarspec_ext.engine.reference_planner import ReferencePlanner
+    native = planner(num_pages=40, page_size=4, max_num_seqs=6, budget=48, max_len=400)
+    ref = ReferencePlanner(40, 4, 6, 48, 400)
+    n, preemptions = _drive([native, ref], seed)
+    assert native.num_free_pages == 40 and n > 100 and preemptions > 0
+
+
+def test_async_errors_surface_at_wait_and_plans_keep_call_order():
+    p = planner()
+    with pytest.raises(ValueError, match="lookahead"):
+        p.schedule_async(-1).wait()
+    p.add_request(1, 5)
+    h1, h2 = p.schedule_async(0), p.schedule_async(0)
+    assert h2.wait() == ([], []) and h1.wait() == ([(1, 0, 5)], []) and h1.ready
+
+
+def test_native_metadata_matches_the_python_reference():
+    import numpy as np
+    from sonarspec_ext.engine.metadata import TreeBlock
+    from sonarspec_ext.engine.reference_planner import build_metadata_reference
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        page_size = int(rng.choice([1, 3, 16]))
+        rows, trees = [], []
+        for b in range(int(rng.integers(1, 7))):
+            start, n = int(rng.integers(0, 60)), int(rng.integers(1, 9))
+            table = rng.permutation(200)[:-(-(start + n) // page_size) + int(rng.integers(0, 3))].tolist()
+            rows.append((start, n, table))
+            tree = None
+            if trial % 2 and rng.random() < 0.5:
+                begin = max(0, start - int(rng.integers(0, 5)))
+                bits = rng.integers(0, 2 ** 62, n, dtype=np.int64) & ((1 << (start + n - begin)) - 1)
+                tree = TreeBlock(begin, bits, begin + rng.integers(0, 6, n))
+            trees.append(tree)
+        window = int(rng.choice([0, 4, 20]))
+        use_trees = trees if any(t is not None for t in trees) else None
+        for want_mask in (False, True):
+            got = _C.build_metadata(rows, None if use_trees is None else [
+                None if t is None else (t.begin, t.bits, t.positions) for t in use_trees], page_size, window, want_mask)
+            want = build_metadata_reference(rows, page_size, window or None, use_trees, want_mask)
+            for key, value in want.items():
+                if key == "mask":
+                    assert (value is None) == (got[key] is None), key
+                    if value is not None:
+                        assert np.array_equal(got[key].astype(bool), value), (trial, key)
+                elif isinstance(value, np.ndarray):
+                    assert np.array_equal(got[key], value), (trial, key)
+                else:
+                    assert got[key] == value, (trial, key)
+    with pytest.raises(ValueError, match="cannot hold"):
+        _C.build_metadata([(10, 3, [0, 1])], None, 4, 0, True)

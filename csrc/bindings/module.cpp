@@ -1,14 +1,14 @@
-// The only translation unit that includes pybind11: binds the planner and the kernels.
+// Binds the kernels; the planner and step metadata are bound in planner_bindings.cpp.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <stdexcept>
 #include <string>
 
+#include "bindings.h"
 #include "sonarspec/elementwise.h"
 #include "sonarspec/kv_store.h"
 #include "sonarspec/paged_attention.h"
-#include "sonarspec/planner.h"
 #include "sonarspec/rejection_sampling.h"
 #include "sonarspec/shifted_scatter.h"
 #include "sonarspec/small_gemm.h"
@@ -189,35 +189,5 @@ PYBIND11_MODULE(_C, m) {
         "Recursive rejection sampling over draft trees with given float64 uniforms, CPU or CUDA (raw pointers).");
   m.def("shifted_scatter", &shifted_scatter, "Shift token blocks left and scatter the next tokens (raw pointers).");
 
-  py::class_<PlannerConfig>(m, "PlannerConfig")
-      .def(py::init<>())
-      .def_readwrite("num_pages", &PlannerConfig::num_pages)
-      .def_readwrite("page_size", &PlannerConfig::page_size)
-      .def_readwrite("max_num_seqs", &PlannerConfig::max_num_seqs)
-      .def_readwrite("max_num_batched_tokens", &PlannerConfig::max_num_batched_tokens)
-      .def_readwrite("max_model_len", &PlannerConfig::max_model_len);
-
-  py::class_<Planner>(m, "Planner")
-      .def(py::init<const PlannerConfig&>())
-      .def("add_request", &Planner::add_request, py::arg("seq_id"), py::arg("num_tokens"))
-      .def("append_tokens", &Planner::append_tokens, py::arg("seq_id"), py::arg("num_new"))
-      .def("truncate", &Planner::truncate, py::arg("seq_id"), py::arg("length"))
-      .def("commit", &Planner::commit, py::arg("seq_id"), py::arg("num_computed"))
-      .def("finish", &Planner::finish, py::arg("seq_id"))
-      .def("schedule",
-           [](Planner& self, int32_t lookahead) {
-             StepPlan plan = self.schedule(lookahead);
-             py::list seqs;
-             for (const auto& s : plan.seqs) seqs.append(py::make_tuple(s.seq_id, s.start, s.num_query_tokens));
-             return py::make_tuple(seqs, plan.preempted);
-           },
-           py::arg("lookahead") = 0,
-           "Plan the next step: ([(seq_id, start, num_query_tokens)], [preempted seq_ids]).")
-      .def("page_table", &Planner::page_table, py::arg("seq_id"))
-      .def("num_computed", &Planner::num_computed, py::arg("seq_id"))
-      .def("num_tokens", &Planner::num_tokens, py::arg("seq_id"))
-      .def("has", &Planner::has, py::arg("seq_id"))
-      .def_property_readonly("num_free_pages", &Planner::num_free_pages)
-      .def_property_readonly("num_waiting", &Planner::num_waiting)
-      .def_property_readonly("num_running", &Planner::num_running);
+  bind_planner(m);
 }

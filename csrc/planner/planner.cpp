@@ -10,6 +10,66 @@ namespace {
 std::string id_str(int64_t id) { return std::to_string(id); }
 }  // namespace
 
+StepPlan PlanHandle::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return done_; });
+  if (error_) std::rethrow_exception(error_);
+  return plan_;
+}
+
+bool PlanHandle::ready() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void PlanHandle::set(StepPlan plan, std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    plan_ = std::move(plan);
+    error_ = error;
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+Planner::~Planner() {
+  {
+    std::lock_guard<std::mutex> lock(task_mu_);
+    stopping_ = true;
+  }
+  task_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+std::shared_ptr<PlanHandle> Planner::schedule_async(int32_t lookahead) {
+  auto handle = std::make_shared<PlanHandle>();
+  {
+    std::lock_guard<std::mutex> lock(task_mu_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+    tasks_.emplace_back(lookahead, handle);
+  }
+  task_cv_.notify_one();
+  return handle;
+}
+
+void Planner::worker_loop() {
+  while (true) {
+    std::pair<int32_t, std::shared_ptr<PlanHandle>> task;
+    {
+      std::unique_lock<std::mutex> lock(task_mu_);
+      task_cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping, nothing left
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    try {
+      task.second->set(schedule(task.first), nullptr);
+    } catch (...) {
+      task.second->set(StepPlan{}, std::current_exception());
+    }
+  }
+}
+
 Planner::Planner(const PlannerConfig& config) : config_(config) {
   if (config.num_pages <= 0) throw std::invalid_argument("num_pages must be positive");
   if (config.page_size <= 0) throw std::invalid_argument("page_size must be positive");
@@ -38,6 +98,7 @@ int32_t Planner::pages_for(int32_t num_slots) const {
 }
 
 void Planner::add_request(int64_t seq_id, int32_t num_tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (seqs_.count(seq_id)) throw std::invalid_argument("sequence id " + id_str(seq_id) + " is already in use");
   if (num_tokens <= 0) throw std::invalid_argument("a request needs at least one token");
   if (num_tokens > config_.max_model_len)
@@ -53,11 +114,13 @@ void Planner::add_request(int64_t seq_id, int32_t num_tokens) {
 }
 
 void Planner::append_tokens(int64_t seq_id, int32_t num_new) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (num_new < 0) throw std::invalid_argument("num_new must be non-negative");
   get(seq_id).num_tokens += num_new;
 }
 
 void Planner::truncate(int64_t seq_id, int32_t length) {
+  std::lock_guard<std::mutex> lock(mu_);
   Seq& seq = get(seq_id);
   if (length < 0 || length > seq.num_tokens)
     throw std::invalid_argument("cannot truncate sequence " + id_str(seq_id) + " of " +
@@ -67,6 +130,7 @@ void Planner::truncate(int64_t seq_id, int32_t length) {
 }
 
 void Planner::commit(int64_t seq_id, int32_t num_computed) {
+  std::lock_guard<std::mutex> lock(mu_);
   Seq& seq = get(seq_id);
   int32_t slots = static_cast<int32_t>(seq.pages.size()) * config_.page_size;
   if (num_computed < 0 || num_computed > seq.num_tokens || num_computed > slots)
@@ -87,6 +151,7 @@ void Planner::remove_from_queues(int64_t seq_id) {
 }
 
 void Planner::finish(int64_t seq_id) {
+  std::lock_guard<std::mutex> lock(mu_);
   Seq& seq = get(seq_id);
   release(seq);
   remove_from_queues(seq_id);
@@ -105,7 +170,7 @@ void Planner::preempt(int64_t seq_id) {
 bool Planner::grow(Seq& seq, int32_t num_slots) {
   int32_t need = pages_for(num_slots) - static_cast<int32_t>(seq.pages.size());
   if (need <= 0) return true;
-  if (need > num_free_pages()) return false;
+  if (need > static_cast<int32_t>(free_pages_.size())) return false;
   for (int32_t i = 0; i < need; ++i) {
     seq.pages.push_back(free_pages_.back());
     free_pages_.pop_back();
@@ -114,6 +179,11 @@ bool Planner::grow(Seq& seq, int32_t num_slots) {
 }
 
 StepPlan Planner::schedule(int32_t lookahead) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return schedule_locked(lookahead);
+}
+
+StepPlan Planner::schedule_locked(int32_t lookahead) {
   if (lookahead < 0) throw std::invalid_argument("lookahead must be non-negative");
   StepPlan plan;
   int32_t budget = config_.max_num_batched_tokens;
@@ -163,8 +233,33 @@ StepPlan Planner::schedule(int32_t lookahead) {
   return plan;
 }
 
-std::vector<int32_t> Planner::page_table(int64_t seq_id) const { return get(seq_id).pages; }
-int32_t Planner::num_computed(int64_t seq_id) const { return get(seq_id).num_computed; }
-int32_t Planner::num_tokens(int64_t seq_id) const { return get(seq_id).num_tokens; }
+std::vector<int32_t> Planner::page_table(int64_t seq_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return get(seq_id).pages;
+}
+int32_t Planner::num_computed(int64_t seq_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return get(seq_id).num_computed;
+}
+int32_t Planner::num_tokens(int64_t seq_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return get(seq_id).num_tokens;
+}
+bool Planner::has(int64_t seq_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return seqs_.count(seq_id) != 0;
+}
+int32_t Planner::num_free_pages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int32_t>(free_pages_.size());
+}
+int32_t Planner::num_waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int32_t>(waiting_.size());
+}
+int32_t Planner::num_running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int32_t>(running_.size());
+}
 
 }  // namespace sonarspec

@@ -1,10 +1,17 @@
-// Synchronous batch planner: request queues, admission, one page table shared by
-// every model of the engine (target and draft index the same page ids), page
-// allocation and release, and preemption by recompute. Plain C++, no bindings.
+// Batch planner: request queues, admission, one page table shared by every model of the
+// engine (target and draft index the same page ids), page allocation and release, and
+// preemption by recompute. Every public method is thread safe (one lock); schedule_async
+// plans on the planner's own worker thread, so a caller can overlap planning with other
+// work and wait for the plan only when it needs it. Plain C++, no bindings.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -30,9 +37,29 @@ struct StepPlan {
   std::vector<int64_t> preempted;  // lost their KV; will be re-prefilled from token 0
 };
 
+// The result of schedule_async: wait() blocks until the worker has planned the step and
+// returns the plan, or rethrows the planner's exception.
+class PlanHandle {
+ public:
+  StepPlan wait();
+  bool ready();
+
+ private:
+  friend class Planner;
+  void set(StepPlan plan, std::exception_ptr error);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  StepPlan plan_;
+  std::exception_ptr error_;
+};
+
 class Planner {
  public:
   explicit Planner(const PlannerConfig& config);
+  ~Planner();
+  Planner(const Planner&) = delete;
+  Planner& operator=(const Planner&) = delete;
 
   // Registers a request with num_tokens known tokens (the prompt). Throws
   // std::invalid_argument when the id is taken or the request can never fit.
@@ -50,14 +77,16 @@ class Planner {
   // Decides the next step. Sequences that will be fully computed after the step get
   // `lookahead` extra reserved slots (draft tokens). Advances num_computed.
   StepPlan schedule(int32_t lookahead);
+  // The same on the planner's worker thread; steps planned this way run in call order.
+  std::shared_ptr<PlanHandle> schedule_async(int32_t lookahead);
 
   std::vector<int32_t> page_table(int64_t seq_id) const;
   int32_t num_computed(int64_t seq_id) const;
   int32_t num_tokens(int64_t seq_id) const;
-  bool has(int64_t seq_id) const { return seqs_.count(seq_id) != 0; }
-  int32_t num_free_pages() const { return static_cast<int32_t>(free_pages_.size()); }
-  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
-  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  bool has(int64_t seq_id) const;
+  int32_t num_free_pages() const;
+  int32_t num_waiting() const;
+  int32_t num_running() const;
   const PlannerConfig& config() const { return config_; }
 
  private:
@@ -74,8 +103,17 @@ class Planner {
   void release(Seq& seq);
   void preempt(int64_t seq_id);
   void remove_from_queues(int64_t seq_id);
+  StepPlan schedule_locked(int32_t lookahead);
+  void worker_loop();
 
   PlannerConfig config_;
+  mutable std::mutex mu_;  // guards all planner state below
+  // worker thread for schedule_async and its queue (guarded by task_mu_)
+  std::mutex task_mu_;
+  std::condition_variable task_cv_;
+  std::deque<std::pair<int32_t, std::shared_ptr<PlanHandle>>> tasks_;
+  bool stopping_ = false;
+  std::thread worker_;
   std::unordered_map<int64_t, Seq> seqs_;
   std::deque<int64_t> waiting_;
   std::vector<int64_t> running_;  // admission order: the last one is preempted first

@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .. import _C
 from ..layers.attention import PagedAttentionMetadata
 
 # Steps with at most this many query tokens may use the native CPU attention kernel;
@@ -44,65 +45,22 @@ def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: in
     whose ``trees`` entry is a ``TreeBlock`` (draft-tree queries, written to the same
     slots). ``native_attention`` (float32 models on the CPU): small steps get per-query
     key ranges (and tree bit masks) for ``ops.paged_attention`` instead of a mask tensor.
+    Built natively (``_C.build_metadata``); ``reference_planner.build_metadata_reference``
+    is the pure-Python twin the tests compare it with.
     """
-    B = len(seqs)
-    q_lens = np.fromiter((s[1] for s in seqs), dtype=np.int64, count=B)
-    kv_lens = np.fromiter((s[0] + s[1] for s in seqs), dtype=np.int64, count=B)
-    q_max, kv_max = int(q_lens.max()), int(kv_lens.max())
-    kv_slots = np.zeros((B, kv_max), dtype=np.int64)
-    query_index = np.zeros((B, q_max), dtype=np.int64)
-    positions = np.empty(int(q_lens.sum()), dtype=np.int64)
-    slot_mapping = np.empty_like(positions)
-    output_index = np.empty_like(positions)
-    token_seq = np.empty_like(positions)
-    key_end = np.empty_like(positions)
-    tree_begin = np.zeros_like(positions)
-    tree_mask = np.zeros_like(positions)
-    offset = 0
-    for b, (start, n, table) in enumerate(seqs):
-        kv_len = start + n
-        pos = np.arange(kv_len, dtype=np.int64)
-        pages = np.asarray(table, dtype=np.int64)
-        slots = pages[pos // page_size] * page_size + pos % page_size
-        kv_slots[b, :kv_len] = slots
-        tree = None if trees is None else trees[b]
-        slot_mapping[offset:offset + n] = slots[start:]
-        query_index[b, :n] = np.arange(offset, offset + n)
-        output_index[offset:offset + n] = b * q_max + np.arange(n)
-        token_seq[offset:offset + n] = b
-        if tree is None:
-            positions[offset:offset + n] = pos[start:]
-            key_end[offset:offset + n] = pos[start:] + 1
-        else:
-            if kv_len - tree.begin > TREE_MAX_NODES:
-                raise ValueError(f"a tree block holds at most {TREE_MAX_NODES} positions, got {kv_len - tree.begin}")
-            positions[offset:offset + n] = tree.positions
-            key_end[offset:offset + n] = tree.begin
-            tree_begin[offset:offset + n] = tree.begin
-            tree_mask[offset:offset + n] = tree.bits
-        offset += n
+    num_tokens = sum(s[1] for s in seqs)
+    native = (native_attention and num_tokens <= NATIVE_ATTENTION_MAX_TOKENS
+              and torch.device(device).type == "cpu")
+    tree_args = None if trees is None or all(tr is None for tr in trees) else [
+        None if tr is None else (tr.begin, tr.bits, tr.positions) for tr in trees]
+    m = _C.build_metadata(seqs, tree_args, page_size, sliding_window or 0, not native)
     t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
-    native = None
-    has_tree = trees is not None and any(tr is not None for tr in trees)
-    # sliding window: a query at position p sees prefix keys after p - window
-    key_begin = (np.maximum(positions + 1 - sliding_window, 0) if sliding_window is not None
-                 else np.zeros_like(key_end))
-    if native_attention and len(positions) <= NATIVE_ATTENTION_MAX_TOKENS and torch.device(device).type == "cpu":
-        native = (t(token_seq), t(key_begin), t(key_end)) + ((t(tree_begin), t(tree_mask)) if has_tree else ())
-    uniform = bool((q_lens == 1).all() and (kv_lens == kv_max).all()) and sliding_window is None
-    mask = None
-    if native is None and (not uniform or has_tree):
-        key = np.arange(kv_max)
-        m = (key >= key_begin[:, None]) & (key < key_end[:, None])          # (num_tokens, kv_max)
-        if has_tree:
-            rel = key[None, :] - tree_begin[:, None]
-            bit = (tree_mask.view(np.uint64)[:, None] >> np.clip(rel, 0, 63).astype(np.uint64)) & np.uint64(1)
-            m |= (rel >= 0) & (rel < TREE_MAX_NODES) & (tree_mask != 0)[:, None] & bit.astype(bool)
-        grid = np.zeros((B * q_max, kv_max), dtype=bool)
-        grid[:, 0] = True  # padded query rows see one key so softmax stays finite
-        grid[output_index] = m
-        mask = torch.from_numpy(grid.reshape(B, 1, q_max, kv_max)).to(device)
-    meta = PagedAttentionMetadata(slot_mapping=t(slot_mapping), query_index=t(query_index),
-                                  kv_slots=t(kv_slots), mask=mask, output_index=t(output_index),
-                                  uniform_queries=bool((q_lens == q_max).all()), native=native)
-    return meta, t(positions)
+    mask = None if m["mask"] is None else torch.from_numpy(m["mask"].view(np.bool_)).to(device)
+    native_fields = None
+    if native:
+        native_fields = (t(m["token_seq"]), t(m["key_begin"]), t(m["key_end"])) + (
+            (t(m["tree_begin"]), t(m["tree_mask"])) if m["has_tree"] else ())
+    meta = PagedAttentionMetadata(slot_mapping=t(m["slot_mapping"]), query_index=t(m["query_index"]),
+                                  kv_slots=t(m["kv_slots"]), mask=mask, output_index=t(m["output_index"]),
+                                  uniform_queries=m["uniform_queries"], native=native_fields)
+    return meta, t(m["positions"])

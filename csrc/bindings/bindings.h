@@ -1,0 +1,9 @@
+// Shared by the two pybind11 translation units of module sonarspec_ext._C.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace sonarspec {
+// Planner, PlannerConfig, PlanHandle and build_metadata (planner_bindings.cpp).
+void bind_planner(pybind11::module_& m);
+}  // namespace sonarspec

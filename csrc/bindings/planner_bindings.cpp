@@ -1,0 +1,136 @@
+// Binds the planner (sync and async scheduling) and the step-metadata builder.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <vector>
+
+#include "bindings.h"
+#include "sonarspec/planner.h"
+#include "sonarspec/step_metadata.h"
+
+namespace py = pybind11;
+
+namespace sonarspec {
+namespace {
+
+py::tuple plan_to_python(const StepPlan& plan) {
+  py::list seqs;
+  for (const auto& s : plan.seqs) seqs.append(py::make_tuple(s.seq_id, s.start, s.num_query_tokens));
+  return py::make_tuple(seqs, plan.preempted);
+}
+
+template <typename T>
+py::array_t<T> to_array(const std::vector<T>& v, std::vector<py::ssize_t> shape) {
+  py::array_t<T> a(shape);
+  if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
+  return a;
+}
+
+// rows: [(start, num_query, page_table)], trees: None or [None | (begin, bits, positions)].
+py::dict build_metadata(const py::sequence& rows, const py::object& trees, int32_t page_size, int32_t sliding_window,
+                        bool want_mask) {
+  const size_t B = py::len(rows);
+  std::vector<std::vector<int32_t>> tables(B);
+  std::vector<py::array_t<int64_t, py::array::c_style | py::array::forcecast>> tree_arrays;
+  tree_arrays.reserve(2 * B);
+  std::vector<MetadataRow> meta_rows(B);
+  const bool any_tree = !trees.is_none();
+  for (size_t b = 0; b < B; ++b) {
+    py::sequence row = rows[b];
+    MetadataRow& r = meta_rows[b];
+    r.start = row[0].cast<int32_t>();
+    r.num_query = row[1].cast<int32_t>();
+    tables[b] = row[2].cast<std::vector<int32_t>>();
+    r.pages = tables[b].data();
+    r.num_pages = static_cast<int32_t>(tables[b].size());
+    if (!any_tree) continue;
+    py::object tree = py::sequence(trees)[b];
+    if (tree.is_none()) continue;
+    py::sequence t = tree;
+    r.tree = true;
+    r.tree_begin = t[0].cast<int32_t>();
+    tree_arrays.emplace_back(t[1]);
+    tree_arrays.emplace_back(t[2]);
+    const auto& bits = tree_arrays[tree_arrays.size() - 2];
+    const auto& positions = tree_arrays.back();
+    if (bits.size() != r.num_query || positions.size() != r.num_query)
+      throw std::invalid_argument("tree bits and positions need one entry per query");
+    r.tree_bits = bits.data();
+    r.tree_positions = positions.data();
+  }
+  StepMetadata m;
+  {
+    py::gil_scoped_release release;
+    build_step_metadata(meta_rows, page_size, sliding_window, want_mask, m);
+  }
+  const py::ssize_t T = m.num_tokens, Bq = m.batch;
+  py::dict out;
+  for (auto [name, vec] : {std::pair<const char*, const std::vector<int64_t>*>{"positions", &m.positions},
+                           {"slot_mapping", &m.slot_mapping}, {"output_index", &m.output_index},
+                           {"token_seq", &m.token_seq}, {"key_begin", &m.key_begin}, {"key_end", &m.key_end},
+                           {"tree_begin", &m.tree_begin}, {"tree_mask", &m.tree_mask}})
+    out[name] = to_array(*vec, {T});
+  out["kv_slots"] = to_array(m.kv_slots, {Bq, static_cast<py::ssize_t>(m.kv_max)});
+  out["query_index"] = to_array(m.query_index, {Bq, static_cast<py::ssize_t>(m.q_max)});
+  out["mask"] = m.has_mask ? py::object(to_array(m.mask, {Bq, 1, static_cast<py::ssize_t>(m.q_max),
+                                                          static_cast<py::ssize_t>(m.kv_max)}))
+                           : py::object(py::none());
+  out["uniform_queries"] = m.uniform_queries;
+  out["uniform_decode"] = m.uniform_decode;
+  out["has_tree"] = m.has_tree;
+  return out;
+}
+
+}  // namespace
+
+void bind_planner(py::module_& m) {
+  py::class_<PlannerConfig>(m, "PlannerConfig")
+      .def(py::init<>())
+      .def_readwrite("num_pages", &PlannerConfig::num_pages)
+      .def_readwrite("page_size", &PlannerConfig::page_size)
+      .def_readwrite("max_num_seqs", &PlannerConfig::max_num_seqs)
+      .def_readwrite("max_num_batched_tokens", &PlannerConfig::max_num_batched_tokens)
+      .def_readwrite("max_model_len", &PlannerConfig::max_model_len);
+
+  py::class_<PlanHandle, std::shared_ptr<PlanHandle>>(m, "PlanHandle")
+      .def("wait",
+           [](PlanHandle& h) {
+             StepPlan plan;
+             {
+               py::gil_scoped_release release;
+               plan = h.wait();
+             }
+             return plan_to_python(plan);
+           },
+           "Blocks until the plan is ready: ([(seq_id, start, num_query_tokens)], [preempted]).")
+      .def_property_readonly("ready", &PlanHandle::ready);
+
+  py::class_<Planner>(m, "Planner")
+      .def(py::init<const PlannerConfig&>())
+      .def("add_request", &Planner::add_request, py::arg("seq_id"), py::arg("num_tokens"))
+      .def("append_tokens", &Planner::append_tokens, py::arg("seq_id"), py::arg("num_new"))
+      .def("truncate", &Planner::truncate, py::arg("seq_id"), py::arg("length"))
+      .def("commit", &Planner::commit, py::arg("seq_id"), py::arg("num_computed"))
+      .def("finish", &Planner::finish, py::arg("seq_id"))
+      .def("schedule", [](Planner& self, int32_t lookahead) { return plan_to_python(self.schedule(lookahead)); },
+           py::arg("lookahead") = 0,
+           "Plan the next step: ([(seq_id, start, num_query_tokens)], [preempted seq_ids]).")
+      .def("schedule_async", &Planner::schedule_async, py::arg("lookahead") = 0,
+           "Plan the next step on the planner's worker thread; returns a PlanHandle.")
+      .def("page_table", &Planner::page_table, py::arg("seq_id"))
+      .def("num_computed", &Planner::num_computed, py::arg("seq_id"))
+      .def("num_tokens", &Planner::num_tokens, py::arg("seq_id"))
+      .def("has", &Planner::has, py::arg("seq_id"))
+      .def_property_readonly("num_free_pages", &Planner::num_free_pages)
+      .def_property_readonly("num_waiting", &Planner::num_waiting)
+      .def_property_readonly("num_running", &Planner::num_running);
+
+  m.def("build_metadata", &build_metadata, py::arg("rows"), py::arg("trees"), py::arg("page_size"),
+        py::arg("sliding_window"), py::arg("want_mask"),
+        "Step attention metadata: rows [(start, num_query, page_table)], trees None or per row "
+        "None | (begin, bits, positions); returns a dict of numpy arrays.");
+}
+
+}  // namespace sonarspec
