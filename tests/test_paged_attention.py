@@ -9,38 +9,50 @@ from sonarspec_ext.engine.metadata import NATIVE_ATTENTION_MAX_TOKENS, TreeBlock
 from sonarspec_ext.ops.reference import paged_attention_reference, tree_attention_cascade_reference
 
 
-def _case(T, H, Hkv, D, B, max_kv, seed):
+def _pages(B, max_kv, page_size, g, spare=3):
+    """Random block tables over a shared pool, and the per-position slots they imply."""
+    max_pages = -(-max_kv // page_size)
+    pool = torch.randperm(B * max_pages + spare, generator=g)
+    table = pool[:B * max_pages].view(B, max_pages)
+    pos = torch.arange(max_kv)
+    return table, table[:, pos // page_size] * page_size + pos % page_size, (B * max_pages + spare) * page_size
+
+
+def _case(T, H, Hkv, D, B, max_kv, seed, page_size=4):
     g = torch.Generator().manual_seed(seed)
-    num_slots = B * max_kv + 7
+    table, kv_slots, num_slots = _pages(B, max_kv, page_size, g)
     q = torch.randn(T, H, D, generator=g)
     k_pool, v_pool = torch.randn(num_slots, Hkv, D, generator=g), torch.randn(num_slots, Hkv, D, generator=g)
-    kv_slots = torch.stack([torch.randperm(num_slots, generator=g)[:max_kv] for _ in range(B)])
     token_seq = torch.randint(0, B, (T,), generator=g)
     key_end = torch.randint(1, max_kv + 1, (T,), generator=g)
     key_begin = (key_end - torch.randint(1, max_kv + 1, (T,), generator=g)).clamp_min(0)
-    return q, k_pool, v_pool, kv_slots, token_seq, key_begin, key_end
+    return (q, k_pool, v_pool, table, page_size, token_seq, key_begin, key_end), kv_slots
 
 
-@pytest.mark.parametrize("T,H,Hkv,D,B,max_kv", [(1, 1, 1, 8, 1, 1), (7, 4, 2, 64, 3, 37), (64, 8, 1, 40, 5, 300),
-                                                 (5, 6, 3, 128, 2, 1000)])
-def test_matches_reference(T, H, Hkv, D, B, max_kv):
-    args = _case(T, H, Hkv, D, B, max_kv, seed=T * 31 + D)
+@pytest.mark.parametrize("T,H,Hkv,D,B,max_kv,page_size", [(1, 1, 1, 8, 1, 1, 1), (7, 4, 2, 64, 3, 37, 4),
+                                                           (64, 8, 1, 40, 5, 300, 16), (5, 6, 3, 128, 2, 1000, 3)])
+def test_matches_reference(T, H, Hkv, D, B, max_kv, page_size):
+    args, kv_slots = _case(T, H, Hkv, D, B, max_kv, seed=T * 31 + D, page_size=page_size)
+    q, k_pool, v_pool, _, _, token_seq, key_begin, key_end = args
     scale = D ** -0.5
-    torch.testing.assert_close(ops.paged_attention(*args, scale), paged_attention_reference(*args, scale),
-                               rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(ops.paged_attention(*args, scale),
+                               paged_attention_reference(q, k_pool, v_pool, kv_slots, token_seq, key_begin, key_end,
+                                                         scale), rtol=2e-5, atol=2e-5)
 
 
 def test_empty_key_range_gives_zeros_and_bad_tensors_are_refused():
-    q, k_pool, v_pool, kv_slots, token_seq, key_begin, key_end = _case(3, 2, 1, 8, 1, 10, 0)
+    (q, k_pool, v_pool, table, ps, token_seq, key_begin, key_end), _ = _case(3, 2, 1, 8, 1, 10, 0)
     key_end[1] = key_begin[1]
-    out = ops.paged_attention(q, k_pool, v_pool, kv_slots, token_seq, key_begin, key_end, 0.3)
+    out = ops.paged_attention(q, k_pool, v_pool, table, ps, token_seq, key_begin, key_end, 0.3)
     assert torch.equal(out[1], torch.zeros(16))
     with pytest.raises(ValueError, match="q has dtype"):
-        ops.paged_attention(q.double(), k_pool, v_pool, kv_slots, token_seq, key_begin, key_end, 0.3)
+        ops.paged_attention(q.double(), k_pool, v_pool, table, ps, token_seq, key_begin, key_end, 0.3)
     with pytest.raises(ValueError, match="key_end has 2 entries"):
-        ops.paged_attention(q, k_pool, v_pool, kv_slots, token_seq, key_begin, key_end[:2], 0.3)
+        ops.paged_attention(q, k_pool, v_pool, table, ps, token_seq, key_begin, key_end[:2], 0.3)
     with pytest.raises(ValueError, match="k_pool has shape"):
-        ops.paged_attention(q, k_pool[:, :, :4].contiguous(), v_pool, kv_slots, token_seq, key_begin, key_end, 0.3)
+        ops.paged_attention(q, k_pool[:, :, :4].contiguous(), v_pool, table, ps, token_seq, key_begin, key_end, 0.3)
+    with pytest.raises(ValueError, match="page_size must be"):
+        ops.paged_attention(q, k_pool, v_pool, table, 0, token_seq, key_begin, key_end, 0.3)
 
 
 def test_metadata_chooses_the_native_kernel_only_for_small_unmasked_steps():
@@ -82,18 +94,18 @@ def test_tree_cascade_equals_full_masked_attention(nodes, prefix):
             anc[i, j], j = True, parents[j]
     H, Hkv, D, L = 4, 2, 32, prefix + nodes + 3
     q = torch.randn(nodes, H, D, generator=g)
-    k_pool, v_pool = torch.randn(L + 5, Hkv, D, generator=g), torch.randn(L + 5, Hkv, D, generator=g)
-    kv_slots = torch.randperm(L + 5, generator=g)[:L].unsqueeze(0)
+    table, kv_slots, num_slots = _pages(1, L, 8, g)
+    k_pool, v_pool = torch.randn(num_slots, Hkv, D, generator=g), torch.randn(num_slots, Hkv, D, generator=g)
     zeros = torch.zeros(nodes, dtype=torch.long)
     key_end, tree_begin = zeros + prefix, zeros + prefix
     mask = torch.zeros(nodes, L, dtype=torch.bool)
     mask[:, :prefix] = True
     mask[:, prefix:prefix + nodes] = torch.from_numpy(anc)
     bits = torch.from_numpy(tree_bits(anc))
-    args = (q, k_pool, v_pool, kv_slots, zeros, zeros, key_end)
+    args = (q, k_pool, v_pool, table, 8, zeros, zeros, key_end)
     want = _full_mask_attention(q, k_pool, v_pool, kv_slots, zeros, mask, D ** -0.5)
     torch.testing.assert_close(ops.paged_attention(*args, D ** -0.5, tree_begin, bits), want, rtol=2e-5, atol=2e-5)
-    torch.testing.assert_close(tree_attention_cascade_reference(*args, tree_begin, bits, D ** -0.5), want,
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tree_attention_cascade_reference(q, k_pool, v_pool, kv_slots, zeros, zeros, key_end,
+                                                                tree_begin, bits, D ** -0.5), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="go together"):
         ops.paged_attention(*args, D ** -0.5, tree_begin, None)

@@ -137,7 +137,8 @@ int64_t tree_speculative_sampling(uintptr_t candidates, uintptr_t first_child, u
       });
 }
 
-int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr_t kv_slots, int64_t max_kv_len,
+int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr_t block_table, int64_t max_pages,
+                        int64_t page_size,
                         uintptr_t token_seq, uintptr_t key_begin, uintptr_t key_end, uintptr_t tree_begin,
                         uintptr_t tree_mask, uintptr_t out,
                         int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -145,9 +146,9 @@ int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr
   py::gil_scoped_release release;
   auto f = [](uintptr_t x) { return reinterpret_cast<const float*>(x); };
   auto i = [](uintptr_t x) { return reinterpret_cast<const int64_t*>(x); };
-  return paged_attention_cpu(f(q), f(k_pool), f(v_pool), i(kv_slots), max_kv_len, i(token_seq), i(key_begin),
-                             i(key_end), i(tree_begin), i(tree_mask), reinterpret_cast<float*>(out), num_tokens, num_heads, num_kv_heads,
-                             head_dim, num_slots, scale, num_threads);
+  return paged_attention_cpu(f(q), f(k_pool), f(v_pool), i(block_table), max_pages, page_size, i(token_seq),
+                             i(key_begin), i(key_end), i(tree_begin), i(tree_mask), reinterpret_cast<float*>(out),
+                             num_tokens, num_heads, num_kv_heads, head_dim, num_slots, scale, num_threads);
 }
 
 void small_gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,

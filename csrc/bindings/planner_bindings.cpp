@@ -72,7 +72,12 @@ py::dict build_metadata(const py::sequence& rows, const py::object& trees, int32
                            {"token_seq", &m.token_seq}, {"key_begin", &m.key_begin}, {"key_end", &m.key_end},
                            {"tree_begin", &m.tree_begin}, {"tree_mask", &m.tree_mask}})
     out[name] = to_array(*vec, {T});
-  out["kv_slots"] = to_array(m.kv_slots, {Bq, static_cast<py::ssize_t>(m.kv_max)});
+  out["block_table"] = to_array(m.block_table, {Bq, static_cast<py::ssize_t>(m.max_pages)});
+  out["kv_max"] = m.kv_max;
+  for (auto [name, vec] : {std::pair<const char*, const std::vector<int64_t>*>{"qo_indptr", &m.qo_indptr},
+                           {"kv_indptr", &m.kv_indptr}, {"kv_indices", &m.kv_indices},
+                           {"kv_last_page_len", &m.kv_last_page_len}})
+    out[name] = to_array(*vec, {static_cast<py::ssize_t>(vec->size())});
   out["query_index"] = to_array(m.query_index, {Bq, static_cast<py::ssize_t>(m.q_max)});
   out["mask"] = m.has_mask ? py::object(to_array(m.mask, {Bq, 1, static_cast<py::ssize_t>(m.q_max),
                                                           static_cast<py::ssize_t>(m.kv_max)}))

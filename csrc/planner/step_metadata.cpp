@@ -35,18 +35,30 @@ void build_step_metadata(const std::vector<MetadataRow>& rows, int32_t page_size
   for (auto* v : {&out.positions, &out.slot_mapping, &out.output_index, &out.token_seq, &out.key_begin,
                   &out.key_end, &out.tree_begin, &out.tree_mask})
     v->assign(T, 0);
-  out.kv_slots.assign(B * kv_max, 0);
+  out.max_pages = (kv_max + page_size - 1) / page_size;
+  out.block_table.assign(B * out.max_pages, 0);
   out.query_index.assign(B * q_max, 0);
+  out.qo_indptr.assign(B + 1, 0);
+  out.kv_indptr.assign(B + 1, 0);
+  out.kv_last_page_len.assign(B, 0);
+  out.kv_indices.clear();
   int64_t t = 0;
   for (int64_t b = 0; b < B; ++b) {
     const MetadataRow& r = rows[b];
     out.uniform_queries &= r.num_query == q_max;
     const int64_t kv_len = static_cast<int64_t>(r.start) + r.num_query;
-    int64_t* slots = out.kv_slots.data() + b * kv_max;
-    for (int64_t p = 0; p < kv_len; ++p) slots[p] = static_cast<int64_t>(r.pages[p / page_size]) * page_size + p % page_size;
+    const int64_t used = (kv_len + page_size - 1) / page_size;
+    int64_t* table = out.block_table.data() + b * out.max_pages;
+    for (int64_t i = 0; i < used; ++i) {
+      table[i] = r.pages[i];
+      out.kv_indices.push_back(r.pages[i]);
+    }
+    out.qo_indptr[b + 1] = out.qo_indptr[b] + r.num_query;
+    out.kv_indptr[b + 1] = out.kv_indptr[b] + used;
+    out.kv_last_page_len[b] = kv_len - (used - 1) * page_size;
     for (int64_t j = 0; j < r.num_query; ++j, ++t) {
       const int64_t p = r.start + j;
-      out.slot_mapping[t] = slots[p];
+      out.slot_mapping[t] = table[p / page_size] * page_size + p % page_size;
       out.query_index[b * q_max + j] = t;
       out.output_index[t] = b * q_max + j;
       out.token_seq[t] = b;

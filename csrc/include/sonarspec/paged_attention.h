@@ -1,6 +1,6 @@
 // Paged attention for small query counts (decode, verification chains, short prefill
 // chunks) on the CPU, float32. Each query token reads its sequence's keys straight from
-// the page pool through kv_slots, so no K/V gather or mask tensor is materialised.
+// the page pool through its block table, so no K/V gather or mask tensor is materialised.
 // Framework free: raw pointers and sizes.
 #pragma once
 
@@ -9,8 +9,9 @@
 namespace sonarspec {
 
 // q, out: (num_tokens, num_heads, head_dim); k_pool, v_pool: (num_slots, num_kv_heads,
-// head_dim); kv_slots: (batch_size, max_kv_len) slot of each cached position;
-// token_seq: (num_tokens,) row of kv_slots for each query; query token t attends to
+// head_dim) with slot = page * page_size + offset; block_table: (batch_size, max_pages)
+// page ids of each sequence; token_seq: (num_tokens,) row of block_table for each query;
+// query token t attends to
 // positions [key_begin[t], key_end[t]) of its sequence (causal limit and sliding window)
 // and, when tree_mask is not null, also to positions tree_begin[t] + j for every bit j set
 // in tree_mask[t] (a draft tree block: the query's ancestors, itself included; up to 64
@@ -18,7 +19,8 @@ namespace sonarspec {
 // Query heads map to KV heads in groups (GQA). Returns the number of tokens with an
 // empty or out-of-range key range (their output is zero).
 int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_pool,
-                            const int64_t* kv_slots, int64_t max_kv_len, const int64_t* token_seq,
+                            const int64_t* block_table, int64_t max_pages, int64_t page_size,
+                            const int64_t* token_seq,
                             const int64_t* key_begin, const int64_t* key_end, const int64_t* tree_begin,
                             const int64_t* tree_mask, float* out,
                             int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,

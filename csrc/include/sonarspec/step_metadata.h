@@ -33,9 +33,13 @@ struct StepMetadata {
   bool uniform_decode = false;   // one query each, equal lengths, no window, no tree
   bool has_tree = false;
   bool has_mask = false;
+  int64_t max_pages = 0;          // pages covering the longest sequence
   std::vector<int64_t> positions, slot_mapping, output_index, token_seq, key_begin, key_end, tree_begin, tree_mask;
-  std::vector<int64_t> kv_slots;     // (batch, kv_max), padded with 0
+  std::vector<int64_t> block_table;  // (batch, max_pages) page ids covering each sequence, padded with 0
   std::vector<int64_t> query_index;  // (batch, q_max), padded with 0
+  // FlashInfer's plan() layout: qo_indptr, kv_indptr (batch + 1), kv_indices (page ids,
+  // concatenated), kv_last_page_len (batch)
+  std::vector<int64_t> qo_indptr, kv_indptr, kv_indices, kv_last_page_len;
   std::vector<uint8_t> mask;         // (batch, q_max, kv_max) when has_mask
 };
 

@@ -15,7 +15,8 @@
 
 namespace sonarspec {
 int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_pool,
-                            const int64_t* kv_slots, int64_t max_kv_len, const int64_t* token_seq,
+                            const int64_t* block_table, int64_t max_pages, int64_t page_size,
+                            const int64_t* token_seq,
                             const int64_t* key_begin, const int64_t* key_end, const int64_t* tree_begin,
                             const int64_t* tree_mask, float* out,
                             int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
@@ -29,14 +30,13 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
     float* o = out + (t * num_heads + h) * head_dim;
     std::fill(o, o + head_dim, 0.f);
     const int64_t b = token_seq[t];
+    const int64_t max_kv_len = max_pages * page_size;
     const int64_t lo = std::max<int64_t>(0, key_begin[t]), hi = std::min(key_end[t], max_kv_len);
     const uint64_t bits = tree_mask ? static_cast<uint64_t>(tree_mask[t]) : 0;
     if (lo >= hi && bits == 0) { bad.fetch_add(1); return; }
-    const int64_t* slots = kv_slots + b * max_kv_len;
+    const int64_t* pages = block_table + b * max_pages;
     float m = -INFINITY, l = 0.f;
-    auto visit = [&](int64_t j) {
-      if (j < 0 || j >= max_kv_len) return;
-      const int64_t s = slots[j];
+    auto visit_slot = [&](int64_t s) {
       if (s < 0 || s >= num_slots) return;
       const float x = dot4(qv, k_pool + s * row + kvh * head_dim, head_dim) * scale;
       const float* v = v_pool + s * row + kvh * head_dim;
@@ -50,9 +50,15 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
       l += p;
       for (int64_t d = 0; d < head_dim; ++d) o[d] += p * v[d];
     };
-    for (int64_t j = lo; j < hi; ++j) visit(j);  // level 1: the committed prefix
-    for (uint64_t rest = bits; rest; rest &= rest - 1)  // level 2: ancestors in the tree block
-      visit(tree_begin[t] + __builtin_ctzll(rest));
+    for (int64_t j = lo; j < hi;) {  // level 1: the committed prefix, a page at a time
+      const int64_t page = j / page_size, end = std::min(hi, (page + 1) * page_size);
+      const int64_t base = pages[page] * page_size - page * page_size;
+      for (; j < end; ++j) visit_slot(base + j);
+    }
+    for (uint64_t rest = bits; rest; rest &= rest - 1) {  // level 2: ancestors in the tree block
+      const int64_t j = tree_begin[t] + __builtin_ctzll(rest);
+      if (j >= 0 && j < max_kv_len) visit_slot(pages[j / page_size] * page_size + j % page_size);
+    }
     if (l > 0.f) {
       const float inv = 1.f / l;
       for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;

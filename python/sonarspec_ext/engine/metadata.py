@@ -56,11 +56,16 @@ def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: in
     m = _C.build_metadata(seqs, tree_args, page_size, sliding_window or 0, not native)
     t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
     mask = None if m["mask"] is None else torch.from_numpy(m["mask"].view(np.bool_)).to(device)
-    native_fields = None
+    block_table = t(m["block_table"])
+    native_fields, kv_slots = None, None
     if native:
         native_fields = (t(m["token_seq"]), t(m["key_begin"]), t(m["key_end"])) + (
             (t(m["tree_begin"]), t(m["tree_mask"])) if m["has_tree"] else ())
+    else:   # SDPA gathers each sequence's cached K/V through per-position slots
+        pos = torch.arange(m["kv_max"], device=block_table.device)
+        kv_slots = block_table[:, pos // page_size] * page_size + pos % page_size
     meta = PagedAttentionMetadata(slot_mapping=t(m["slot_mapping"]), query_index=t(m["query_index"]),
-                                  kv_slots=t(m["kv_slots"]), mask=mask, output_index=t(m["output_index"]),
-                                  uniform_queries=m["uniform_queries"], native=native_fields)
+                                  block_table=block_table, page_size=page_size, kv_slots=kv_slots, mask=mask,
+                                  output_index=t(m["output_index"]), uniform_queries=m["uniform_queries"],
+                                  native=native_fields)
     return meta, t(m["positions"])

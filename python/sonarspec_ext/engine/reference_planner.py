@@ -135,13 +135,20 @@ def build_metadata_reference(seqs, page_size: int, sliding_window: Optional[int]
     q_max, kv_max, T = int(q_lens.max()), int(kv_lens.max()), int(q_lens.sum())
     out = {k: np.zeros(T, dtype=np.int64) for k in ("positions", "slot_mapping", "output_index", "token_seq",
                                                       "key_begin", "key_end", "tree_begin", "tree_mask")}
-    out["kv_slots"] = np.zeros((B, kv_max), dtype=np.int64)
+    max_pages = -(-kv_max // page_size)
+    out["block_table"] = np.zeros((B, max_pages), dtype=np.int64)
     out["query_index"] = np.zeros((B, q_max), dtype=np.int64)
+    used = [-(-(s[0] + s[1]) // page_size) for s in seqs]
+    out["qo_indptr"] = np.concatenate([[0], np.cumsum(q_lens)])
+    out["kv_indptr"] = np.concatenate([[0], np.cumsum(used)])
+    out["kv_indices"] = np.concatenate([np.asarray(s[2][:u], dtype=np.int64) for s, u in zip(seqs, used)])
+    out["kv_last_page_len"] = kv_lens - (np.array(used) - 1) * page_size
+    out["kv_max"] = kv_max
     offset = 0
     for b, (start, n, table) in enumerate(seqs):
         pos = np.arange(start + n, dtype=np.int64)
         slots = np.asarray(table, dtype=np.int64)[pos // page_size] * page_size + pos % page_size
-        out["kv_slots"][b, :start + n] = slots
+        out["block_table"][b, :used[b]] = table[:used[b]]
         rows = slice(offset, offset + n)
         out["slot_mapping"][rows] = slots[start:]
         out["query_index"][b, :n] = np.arange(offset, offset + n)

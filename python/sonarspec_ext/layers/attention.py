@@ -40,7 +40,9 @@ class PagedAttentionMetadata:
 
     slot_mapping:   (num_tokens,) KV slot (page_id * page_size + offset) for each new token.
     query_index:    (batch_size, max_query_len) packed-token index of each query, padded.
-    kv_slots:       (batch_size, max_kv_len) slot of each cached position, padded.
+    block_table:    (batch_size, max_pages) page ids of each sequence, padded; page_size.
+    kv_slots:       (batch_size, max_kv_len) slot of each cached position, padded: only for
+                    the SDPA path (None when ``native`` is set).
     mask:           (batch_size, 1, max_query_len, max_kv_len) bool, or None when every
                     query may see every key (uniform single-token decode).
     output_index:   (num_tokens,) row of the flattened (batch_size * max_query_len) output
@@ -54,7 +56,9 @@ class PagedAttentionMetadata:
     """
     slot_mapping: torch.Tensor
     query_index: torch.Tensor
-    kv_slots: torch.Tensor
+    block_table: torch.Tensor
+    page_size: int
+    kv_slots: Optional[torch.Tensor]
     mask: Optional[torch.Tensor]
     output_index: torch.Tensor
     uniform_queries: bool = False
@@ -76,8 +80,8 @@ class TorchPagedAttention(AttentionBackend):
                  m.slot_mapping)
         if m.native is not None:   # metadata built for float32 CPU models: no mask to fall back on
             token_seq, key_begin, key_end, *tree = m.native
-            return paged_attention(q.contiguous(), k_pool, v_pool, m.kv_slots, token_seq, key_begin, key_end,
-                                   q.shape[-1] ** -0.5, *tree)
+            return paged_attention(q.contiguous(), k_pool, v_pool, m.block_table, m.page_size, token_seq, key_begin,
+                                   key_end, q.shape[-1] ** -0.5, *tree)
         B, Lq = m.query_index.shape
         qb = q.view(B, Lq, *q.shape[1:]) if m.uniform_queries else q[m.query_index]
         qb = qb.transpose(1, 2)                                      # (B, H, Lq, D)

@@ -10,14 +10,14 @@ from .checks import check_tensor
 from .linear import native_threads
 
 
-def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_slots: torch.Tensor,
-                    token_seq: torch.Tensor, key_begin: torch.Tensor, key_end: torch.Tensor,
+def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_table: torch.Tensor,
+                    page_size: int, token_seq: torch.Tensor, key_begin: torch.Tensor, key_end: torch.Tensor,
                     scale: float, tree_begin: Optional[torch.Tensor] = None,
                     tree_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q (num_tokens, num_heads, head_dim) float32 CPU; k_pool, v_pool (num_slots,
-    num_kv_heads, head_dim); kv_slots (batch_size, max_kv_len) int64; token_seq, key_begin,
-    key_end (num_tokens,) int64: query t attends to positions [key_begin[t], key_end[t])
-    of sequence token_seq[t]. With ``tree_begin``/``tree_mask`` (num_tokens,) int64 it also
+    num_kv_heads, head_dim), slot = page * page_size + offset; block_table (batch_size,
+    max_pages) int64 page ids; token_seq, key_begin, key_end (num_tokens,) int64: query t
+    attends to positions [key_begin[t], key_end[t]) of sequence token_seq[t]. With ``tree_begin``/``tree_mask`` (num_tokens,) int64 it also
     attends to positions tree_begin[t] + j for each bit j of tree_mask[t] (draft-tree
     ancestors; the two key sets are merged by log-sum-exp in one pass). Returns
     (num_tokens, num_heads * head_dim)."""
@@ -31,7 +31,9 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
             raise ValueError(f"{name} has shape {list(t.shape)}: head_dim must be {D} and num_kv_heads divide {H}")
     if v_pool.shape != k_pool.shape:
         raise ValueError(f"v_pool has shape {list(v_pool.shape)}, expected {list(k_pool.shape)} like k_pool")
-    check_tensor("kv_slots", kv_slots, dtypes=(torch.int64,), ndim=2, device=q.device)
+    check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2, device=q.device)
+    if not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
     if (tree_begin is None) != (tree_mask is None):
         raise ValueError("tree_begin and tree_mask go together: pass both or neither")
     tree = () if tree_mask is None else (("tree_begin", tree_begin), ("tree_mask", tree_mask))
@@ -40,7 +42,8 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         if t.shape[0] != T:
             raise ValueError(f"{name} has {t.shape[0]} entries, expected {T} (one per query token)")
     out = torch.empty(T, H * D, dtype=torch.float32)
-    _C.paged_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), kv_slots.data_ptr(), kv_slots.shape[1],
+    _C.paged_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), block_table.data_ptr(),
+                       block_table.shape[1], page_size,
                        token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(),
                        0 if tree_begin is None else tree_begin.data_ptr(),
                        0 if tree_mask is None else tree_mask.data_ptr(), out.data_ptr(), T, H,
