@@ -187,3 +187,20 @@ def test_native_metadata_matches_the_python_reference():
                     assert got[key] == value, (trial, key)
     with pytest.raises(ValueError, match="cannot hold"):
         _C.build_metadata([(10, 3, [0, 1])], None, 4, 0, True)
+
+
+def test_planner_metadata_reads_its_own_page_tables_in_flashinfer_layout():
+    import numpy as np
+    p = planner(num_pages=32, page_size=4)
+    p.add_request(3, 9)
+    p.add_request(5, 2)
+    seqs, _ = p.schedule(2)
+    ids, starts, nums = (np.array([s[i] for s in seqs]) for i in range(3))
+    got = p.build_metadata(ids, starts, nums, None, 0, True)
+    want = _C.build_metadata([(s, n, p.page_table(i)) for i, s, n in seqs], None, 4, 0, True)
+    assert all(np.array_equal(got[k], want[k]) for k in want if isinstance(want[k], np.ndarray))
+    t3, t5 = p.page_table(3), p.page_table(5)
+    assert got["qo_indptr"].tolist() == [0, 9, 11] and got["kv_indptr"].tolist() == [0, 3, 4]
+    assert got["kv_indices"].tolist() == t3[:3] + t5[:1] and got["kv_last_page_len"].tolist() == [1, 2]
+    with pytest.raises(ValueError, match="unknown sequence id 9"):
+        p.build_metadata(np.array([9]), np.array([0]), np.array([1]), None, 0, False)

@@ -28,24 +28,20 @@ py::array_t<T> to_array(const std::vector<T>& v, std::vector<py::ssize_t> shape)
   return a;
 }
 
-// rows: [(start, num_query, page_table)], trees: None or [None | (begin, bits, positions)].
-py::dict build_metadata(const py::sequence& rows, const py::object& trees, int32_t page_size, int32_t sliding_window,
-                        bool want_mask) {
-  const size_t B = py::len(rows);
-  std::vector<std::vector<int32_t>> tables(B);
-  std::vector<py::array_t<int64_t, py::array::c_style | py::array::forcecast>> tree_arrays;
+using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+py::dict metadata_dict(std::vector<MetadataRow>& meta_rows, int32_t page_size, int32_t sliding_window,
+                       bool want_mask);
+
+// Fills the tree fields of meta_rows from trees (None or [None | (begin, bits, positions)]);
+// tree_arrays keeps the arrays alive.
+void add_trees(std::vector<MetadataRow>& meta_rows, const py::object& trees, std::vector<Int64Array>& tree_arrays) {
+  if (trees.is_none()) return;
+  const size_t B = meta_rows.size();
+  if (py::len(trees) != B) throw std::invalid_argument("trees needs one entry per row");
   tree_arrays.reserve(2 * B);
-  std::vector<MetadataRow> meta_rows(B);
-  const bool any_tree = !trees.is_none();
   for (size_t b = 0; b < B; ++b) {
-    py::sequence row = rows[b];
     MetadataRow& r = meta_rows[b];
-    r.start = row[0].cast<int32_t>();
-    r.num_query = row[1].cast<int32_t>();
-    tables[b] = row[2].cast<std::vector<int32_t>>();
-    r.pages = tables[b].data();
-    r.num_pages = static_cast<int32_t>(tables[b].size());
-    if (!any_tree) continue;
     py::object tree = py::sequence(trees)[b];
     if (tree.is_none()) continue;
     py::sequence t = tree;
@@ -60,6 +56,51 @@ py::dict build_metadata(const py::sequence& rows, const py::object& trees, int32
     r.tree_bits = bits.data();
     r.tree_positions = positions.data();
   }
+}
+
+// rows: [(start, num_query, page_table)], trees: None or [None | (begin, bits, positions)].
+py::dict build_metadata(const py::sequence& rows, const py::object& trees, int32_t page_size, int32_t sliding_window,
+                        bool want_mask) {
+  const size_t B = py::len(rows);
+  std::vector<std::vector<int32_t>> tables(B);
+  std::vector<MetadataRow> meta_rows(B);
+  for (size_t b = 0; b < B; ++b) {
+    py::sequence row = rows[b];
+    MetadataRow& r = meta_rows[b];
+    r.start = row[0].cast<int32_t>();
+    r.num_query = row[1].cast<int32_t>();
+    tables[b] = row[2].cast<std::vector<int32_t>>();
+    r.pages = tables[b].data();
+    r.num_pages = static_cast<int32_t>(tables[b].size());
+  }
+  std::vector<Int64Array> tree_arrays;
+  add_trees(meta_rows, trees, tree_arrays);
+  return metadata_dict(meta_rows, page_size, sliding_window, want_mask);
+}
+
+// The planner's own page tables: seq_ids, starts, num_query (int64 arrays), trees as above.
+py::dict planner_metadata(const Planner& planner, const Int64Array& seq_ids, const Int64Array& starts,
+                          const Int64Array& num_query, const py::object& trees, int32_t sliding_window,
+                          bool want_mask) {
+  const size_t B = seq_ids.size();
+  if (starts.size() != static_cast<py::ssize_t>(B) || num_query.size() != static_cast<py::ssize_t>(B))
+    throw std::invalid_argument("seq_ids, starts and num_query need the same length");
+  std::vector<std::vector<int32_t>> tables(B);
+  std::vector<MetadataRow> meta_rows(B);
+  for (size_t b = 0; b < B; ++b) {
+    tables[b] = planner.page_table(seq_ids.data()[b]);
+    meta_rows[b].start = static_cast<int32_t>(starts.data()[b]);
+    meta_rows[b].num_query = static_cast<int32_t>(num_query.data()[b]);
+    meta_rows[b].pages = tables[b].data();
+    meta_rows[b].num_pages = static_cast<int32_t>(tables[b].size());
+  }
+  std::vector<Int64Array> tree_arrays;
+  add_trees(meta_rows, trees, tree_arrays);
+  return metadata_dict(meta_rows, planner.config().page_size, sliding_window, want_mask);
+}
+
+py::dict metadata_dict(std::vector<MetadataRow>& meta_rows, int32_t page_size, int32_t sliding_window,
+                       bool want_mask) {
   StepMetadata m;
   {
     py::gil_scoped_release release;
@@ -130,7 +171,11 @@ void bind_planner(py::module_& m) {
       .def("has", &Planner::has, py::arg("seq_id"))
       .def_property_readonly("num_free_pages", &Planner::num_free_pages)
       .def_property_readonly("num_waiting", &Planner::num_waiting)
-      .def_property_readonly("num_running", &Planner::num_running);
+      .def_property_readonly("num_running", &Planner::num_running)
+      .def_property_readonly("page_size", [](const Planner& p) { return p.config().page_size; })
+      .def("build_metadata", &planner_metadata, py::arg("seq_ids"), py::arg("starts"), py::arg("num_query"),
+           py::arg("trees"), py::arg("sliding_window"), py::arg("want_mask"),
+           "_C.build_metadata over the planner's own page tables (rows given as int64 arrays).");
 
   m.def("build_metadata", &build_metadata, py::arg("rows"), py::arg("trees"), py::arg("page_size"),
         py::arg("sliding_window"), py::arg("want_mask"),

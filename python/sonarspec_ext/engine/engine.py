@@ -169,7 +169,7 @@ class Engine:
         their last token plus drafts. Returns (input_ids, positions, metadata, blocks,
         logits_indices); a block is (seq, start, first row, n, frontier, logits offset, draft)."""
         input_ids: List[int] = []
-        rows, logits_idx, blocks, trees = [], [], [], []
+        starts, lens, logits_idx, blocks, trees = [], [], [], [], []
         for seq, start, n in batch:
             toks = seq.all_ids[start:start + n]
             draft = drafts.get(seq.seq_id)
@@ -180,13 +180,14 @@ class Engine:
             trees.append(None if tree is None else TreeBlock(start, tree.ancestor_bits(), start + tree.depths))
             row = len(input_ids)
             input_ids.extend(toks)
-            rows.append((start, len(toks), self.planner.page_table(seq.seq_id)))
+            starts.append(start)
+            lens.append(len(toks))
             frontier = start + n == seq.num_tokens   # the step reaches the sequence's last token
             blocks.append((seq, start, row, n, frontier, len(logits_idx), draft))
             if frontier:
                 logits_idx.extend(range(row + n - 1, len(input_ids)))
-        meta, positions = self.runner.metadata(rows, self.model_config.sliding_window,
-                                               trees if any(tr is not None for tr in trees) else None)
+        meta, positions = self.runner.planner_metadata(self.planner, [s.seq_id for s, *_ in batch], starts, lens,
+                                                       self.model_config.sliding_window, trees)
         t = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
         return t(input_ids), positions, meta, blocks, t(logits_idx)
 

@@ -48,12 +48,34 @@ def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: in
     Built natively (``_C.build_metadata``); ``reference_planner.build_metadata_reference``
     is the pure-Python twin the tests compare it with.
     """
-    num_tokens = sum(s[1] for s in seqs)
-    native = (native_attention and num_tokens <= NATIVE_ATTENTION_MAX_TOKENS
-              and torch.device(device).type == "cpu")
-    tree_args = None if trees is None or all(tr is None for tr in trees) else [
-        None if tr is None else (tr.begin, tr.bits, tr.positions) for tr in trees]
-    m = _C.build_metadata(seqs, tree_args, page_size, sliding_window or 0, not native)
+    native = _use_native(sum(s[1] for s in seqs), device, native_attention)
+    m = _C.build_metadata(seqs, _tree_args(trees), page_size, sliding_window or 0, not native)
+    return _to_metadata(m, page_size, device, native)
+
+
+def planner_metadata(planner, seq_ids: Sequence[int], starts: Sequence[int], num_query: Sequence[int], device,
+                     sliding_window: Optional[int] = None, trees: Optional[List[Optional[TreeBlock]]] = None,
+                     native_attention: bool = False):
+    """``build_metadata`` for sequences of ``planner`` (``_C.Planner``), whose page tables
+    it reads without copying them through Python."""
+    native = _use_native(sum(num_query), device, native_attention)
+    arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    m = planner.build_metadata(arr(seq_ids), arr(starts), arr(num_query), _tree_args(trees), sliding_window or 0,
+                               not native)
+    return _to_metadata(m, planner.page_size, device, native)
+
+
+def _use_native(num_tokens: int, device, native_attention: bool) -> bool:
+    return native_attention and num_tokens <= NATIVE_ATTENTION_MAX_TOKENS and torch.device(device).type == "cpu"
+
+
+def _tree_args(trees):
+    if trees is None or all(tr is None for tr in trees):
+        return None
+    return [None if tr is None else (tr.begin, tr.bits, tr.positions) for tr in trees]
+
+
+def _to_metadata(m: dict, page_size: int, device, native: bool):
     t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
     mask = None if m["mask"] is None else torch.from_numpy(m["mask"].view(np.bool_)).to(device)
     block_table = t(m["block_table"])

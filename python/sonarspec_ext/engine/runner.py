@@ -9,7 +9,7 @@ import torch
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
 from ..ops.linear import native_gemm_threads, uses_native_gemm
 from .kv_cache import KVCache
-from .metadata import TreeBlock, build_metadata
+from .metadata import TreeBlock, build_metadata, planner_metadata
 
 
 class ModelRunner:
@@ -26,6 +26,12 @@ class ModelRunner:
         kernel's key ranges for small steps."""
         return build_metadata(rows, self.kv_cache.page_size, self.device, sliding_window, trees=trees,
                               native_attention=self.dtype == torch.float32)
+
+    def planner_metadata(self, planner, seq_ids, starts, num_query, sliding_window: Optional[int] = None,
+                         trees: Optional[List[Optional[TreeBlock]]] = None):
+        """``metadata`` for rows of the planner's sequences, page tables read natively."""
+        return planner_metadata(planner, seq_ids, starts, num_query, self.device, sliding_window, trees,
+                                native_attention=self.dtype == torch.float32)
 
     def forward_rows(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int] = None,
                      features: Optional[torch.Tensor] = None, trees: Optional[List[Optional[TreeBlock]]] = None,

@@ -1,0 +1,75 @@
+#!/usr/bin/env python
+"""Planning one decode step - schedule plus attention metadata - with the native planner
+(called from Python, conversions included) and with the pure-Python reference planner,
+same workload, same run; median over steps.
+
+    python tools/bench_planner.py [--quick] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+from sonarspec_ext import _C
+from sonarspec_ext.engine.reference_planner import ReferencePlanner, build_metadata_reference
+
+PAGE = 16
+
+
+def step_times(planner, build, num_seqs: int, context: int, steps: int) -> float:
+    """Median time of schedule + build(planner, plan) over decode steps."""
+    for i in range(num_seqs):
+        planner.add_request(i, context)
+    planner.schedule(4)
+    times = []
+    for _ in range(steps):
+        for i in range(num_seqs):
+            planner.append_tokens(i, 1)
+        t0 = time.perf_counter()
+        seqs, _ = planner.schedule(4)
+        build(planner, seqs)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def native_metadata(planner, seqs):
+    ids, starts, nums = (np.fromiter((s[i] for s in seqs), dtype=np.int64, count=len(seqs)) for i in range(3))
+    return planner.build_metadata(ids, starts, nums, None, 0, False)
+
+
+def python_metadata(planner, seqs):
+    return build_metadata_reference([(start, n, planner.page_table(sid)) for sid, start, n in seqs], PAGE, None,
+                                    None, False)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rows = []
+    for ctx in [512] if args.quick else [128, 512, 2048]:
+        for n in (1, 8, 64, 256, 1024):
+            max_len = ctx + 200
+            pages = n * (max_len // PAGE + 2)
+            cfg = _C.PlannerConfig()
+            cfg.num_pages, cfg.page_size, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len = (
+                pages, PAGE, n, 1 << 20, max_len)
+            steps = 10 if args.quick or n >= 256 else 40
+            native = step_times(_C.Planner(cfg), native_metadata, n, ctx, steps)
+            python = step_times(ReferencePlanner(pages, PAGE, n, 1 << 20, max_len), python_metadata, n, ctx, steps)
+            rows.append({"num_seqs": n, "context": ctx, "native_plan_us": round(native, 1),
+                         "python_plan_us": round(python, 1), "speedup": round(python / native, 1)})
+            print(f"seqs {n:5d} context {ctx:5d}: native {native:9.1f} us   python {python:10.1f} us   "
+                  f"({python / native:5.1f}x)")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"results": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
