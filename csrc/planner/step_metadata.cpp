@@ -36,25 +36,28 @@ void build_step_metadata(const std::vector<MetadataRow>& rows, int32_t page_size
                   &out.key_end, &out.tree_begin, &out.tree_mask})
     v->assign(T, 0);
   out.max_pages = (kv_max + page_size - 1) / page_size;
-  out.block_table.assign(B * out.max_pages, 0);
+  out.block_table.resize(B * out.max_pages);
   out.query_index.assign(B * q_max, 0);
-  out.qo_indptr.assign(B + 1, 0);
-  out.kv_indptr.assign(B + 1, 0);
-  out.kv_last_page_len.assign(B, 0);
-  out.kv_indices.clear();
+  out.qo_indptr.resize(B + 1);
+  out.kv_indptr.resize(B + 1);
+  out.kv_last_page_len.resize(B);
+  out.qo_indptr[0] = out.kv_indptr[0] = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t kv_len = static_cast<int64_t>(rows[b].start) + rows[b].num_query;
+    out.qo_indptr[b + 1] = out.qo_indptr[b] + rows[b].num_query;
+    out.kv_indptr[b + 1] = out.kv_indptr[b] + (kv_len + page_size - 1) / page_size;
+  }
+  out.kv_indices.resize(out.kv_indptr[B]);
   int64_t t = 0;
   for (int64_t b = 0; b < B; ++b) {
     const MetadataRow& r = rows[b];
     out.uniform_queries &= r.num_query == q_max;
     const int64_t kv_len = static_cast<int64_t>(r.start) + r.num_query;
-    const int64_t used = (kv_len + page_size - 1) / page_size;
+    const int64_t used = out.kv_indptr[b + 1] - out.kv_indptr[b];
     int64_t* table = out.block_table.data() + b * out.max_pages;
-    for (int64_t i = 0; i < used; ++i) {
-      table[i] = r.pages[i];
-      out.kv_indices.push_back(r.pages[i]);
-    }
-    out.qo_indptr[b + 1] = out.qo_indptr[b] + r.num_query;
-    out.kv_indptr[b + 1] = out.kv_indptr[b] + used;
+    int64_t* indices = out.kv_indices.data() + out.kv_indptr[b];
+    for (int64_t i = 0; i < used; ++i) table[i] = indices[i] = r.pages[i];
+    std::fill(table + used, table + out.max_pages, 0);
     out.kv_last_page_len[b] = kv_len - (used - 1) * page_size;
     for (int64_t j = 0; j < r.num_query; ++j, ++t) {
       const int64_t p = r.start + j;
