@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Planning one decode step - schedule plus attention metadata - with the native planner
 (called from Python, conversions included) and with the pure-Python reference planner,
-same workload, same run; median over steps.
+same workload, same run; median over steps. Then the engine on the packaged models with
+the next step planned ahead on the planner's thread versus planned inside the step
+(interleaved rounds): time per step, and the time spent waiting for the plan.
 
     python tools/bench_planner.py [--quick] [--json PATH]
 """
@@ -66,9 +68,40 @@ def main() -> None:
                          "python_plan_us": round(python, 1), "speedup": round(python / native, 1)})
             print(f"seqs {n:5d} context {ctx:5d}: native {native:9.1f} us   python {python:10.1f} us   "
                   f"({python / native:5.1f}x)")
+    engine_rows = bench_engine(rounds=2 if args.quick else 5)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"results": rows}, fh, indent=1)
+            json.dump({"results": rows, "engine": engine_rows}, fh, indent=1)
+
+
+def bench_engine(rounds: int) -> list:
+    from sonarspec_ext import LLM, SamplingParams, SpecConfig
+    from sonarspec_ext.bench_spec import PROMPTS
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    rows = []
+    for name, spec, batch in (("plain", SpecConfig(), 8), ("draft_target K=4", SpecConfig(
+            method="draft_target", num_draft_tokens=4), 8), ("mtp K=3", SpecConfig(method="mtp", num_draft_tokens=3), 1)):
+        llms = {flag: LLM("default", spec=spec, async_planning=flag) for flag in (False, True)}
+        per_step = {flag: [] for flag in llms}
+        for _ in range(rounds):
+            for flag, llm in llms.items():
+                eng = llm.engine
+                steps, t0 = eng.num_steps, time.perf_counter()
+                for i in range(0, len(PROMPTS), batch):
+                    llm.generate(PROMPTS[i:i + batch], params)
+                per_step[flag].append((time.perf_counter() - t0) / (eng.num_steps - steps) * 1e6)
+        timing = {flag: llm.stats()["timing"] for flag, llm in llms.items()}
+        serial, ahead = statistics.median(per_step[False]), statistics.median(per_step[True])
+        steps = {flag: llm.engine.num_steps for flag, llm in llms.items()}
+        rows.append({"scheme": name, "batch": batch, "serial_step_us": round(serial, 1),
+                     "async_step_us": round(ahead, 1), "async_vs_serial": round(ahead / serial, 3),
+                     "serial_plan_us_per_step": round(timing[False]["plan"] / steps[False] * 1e6, 1),
+                     "async_wait_us_per_step": round(timing[True]["wait"] / steps[True] * 1e6, 1)})
+        r = rows[-1]
+        print(f"{name:18s} batch {batch}: step {r['serial_step_us']:8.1f} us serial, {r['async_step_us']:8.1f} us "
+              f"planned ahead ({r['async_vs_serial']:.3f}x); waiting for the plan {r['async_wait_us_per_step']:.1f} "
+              f"us per step")
+    return rows
 
 
 if __name__ == "__main__":

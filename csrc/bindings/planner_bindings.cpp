@@ -163,7 +163,7 @@ void bind_planner(py::module_& m) {
       .def("schedule", [](Planner& self, int32_t lookahead) { return plan_to_python(self.schedule(lookahead)); },
            py::arg("lookahead") = 0,
            "Plan the next step: ([(seq_id, start, num_query_tokens)], [preempted seq_ids]).")
-      .def("schedule_async", &Planner::schedule_async, py::arg("lookahead") = 0,
+      .def("schedule_async", &Planner::schedule_async, py::arg("lookahead") = 0, py::keep_alive<0, 1>(),
            "Plan the next step on the planner's worker thread; returns a PlanHandle.")
       .def("page_table", &Planner::page_table, py::arg("seq_id"))
       .def("num_computed", &Planner::num_computed, py::arg("seq_id"))

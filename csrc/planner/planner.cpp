@@ -11,6 +11,18 @@ std::string id_str(int64_t id) { return std::to_string(id); }
 }  // namespace
 
 StepPlan PlanHandle::wait() {
+  if (owner_) {
+    // Plans are queued in call order: earlier ones the worker has not started run here
+    // first, so the planner sees the same sequence of steps either way.
+    std::shared_ptr<PlanHandle> self;
+    while (!ready() && (self = owner_->front_queued()) != nullptr) {
+      try {
+        self->set(owner_->schedule(self->lookahead_), nullptr);
+      } catch (...) {
+        self->set(StepPlan{}, std::current_exception());
+      }
+    }
+  }
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return done_; });
   if (error_) std::rethrow_exception(error_);
@@ -43,18 +55,28 @@ Planner::~Planner() {
 
 std::shared_ptr<PlanHandle> Planner::schedule_async(int32_t lookahead) {
   auto handle = std::make_shared<PlanHandle>();
+  handle->owner_ = this;
+  handle->lookahead_ = lookahead;
   {
     std::lock_guard<std::mutex> lock(task_mu_);
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
-    tasks_.emplace_back(lookahead, handle);
+    tasks_.push_back(handle);
   }
   task_cv_.notify_one();
   return handle;
 }
 
+std::shared_ptr<PlanHandle> Planner::front_queued() {
+  std::lock_guard<std::mutex> lock(task_mu_);
+  if (tasks_.empty()) return nullptr;
+  auto front = std::move(tasks_.front());
+  tasks_.pop_front();
+  return front;
+}
+
 void Planner::worker_loop() {
   while (true) {
-    std::pair<int32_t, std::shared_ptr<PlanHandle>> task;
+    std::shared_ptr<PlanHandle> task;
     {
       std::unique_lock<std::mutex> lock(task_mu_);
       task_cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
@@ -63,9 +85,9 @@ void Planner::worker_loop() {
       tasks_.pop_front();
     }
     try {
-      task.second->set(schedule(task.first), nullptr);
+      task->set(schedule(task->lookahead_), nullptr);
     } catch (...) {
-      task.second->set(StepPlan{}, std::current_exception());
+      task->set(StepPlan{}, std::current_exception());
     }
   }
 }

@@ -37,8 +37,11 @@ struct StepPlan {
   std::vector<int64_t> preempted;  // lost their KV; will be re-prefilled from token 0
 };
 
-// The result of schedule_async: wait() blocks until the worker has planned the step and
-// returns the plan, or rethrows the planner's exception.
+class Planner;
+
+// The result of schedule_async: wait() returns the plan, or rethrows the planner's
+// exception. A plan the worker has not started yet is planned by the waiting thread
+// itself, so waiting never costs more than planning (no thread hand-off latency).
 class PlanHandle {
  public:
   StepPlan wait();
@@ -47,6 +50,8 @@ class PlanHandle {
  private:
   friend class Planner;
   void set(StepPlan plan, std::exception_ptr error);
+  Planner* owner_ = nullptr;
+  int32_t lookahead_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -79,6 +84,8 @@ class Planner {
   StepPlan schedule(int32_t lookahead);
   // The same on the planner's worker thread; steps planned this way run in call order.
   std::shared_ptr<PlanHandle> schedule_async(int32_t lookahead);
+  // Takes the oldest plan the worker has not started (null when none).
+  std::shared_ptr<PlanHandle> front_queued();
 
   std::vector<int32_t> page_table(int64_t seq_id) const;
   int32_t num_computed(int64_t seq_id) const;
@@ -111,7 +118,7 @@ class Planner {
   // worker thread for schedule_async and its queue (guarded by task_mu_)
   std::mutex task_mu_;
   std::condition_variable task_cv_;
-  std::deque<std::pair<int32_t, std::shared_ptr<PlanHandle>>> tasks_;
+  std::deque<std::shared_ptr<PlanHandle>> tasks_;
   bool stopping_ = false;
   std::thread worker_;
   std::unordered_map<int64_t, Seq> seqs_;

@@ -41,6 +41,7 @@ class EngineConfig:
     max_model_len: Optional[int] = None  # default: the model's max_position_embeddings
     draft_sampling: bool = False         # draft_target: sample drafts from q instead of its top token
     spec_max_batch: Optional[int] = None  # speculate only while at most this many sequences decode
+    async_planning: bool = True          # plan step t + 1 on the planner's thread once step t is done
 
     def __post_init__(self):
         for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -85,6 +86,7 @@ class Engine:
         self.seqs: Dict[int, Sequence] = {}
         self._ids = itertools.count()
         self.timing = dict.fromkeys(TIMING_KEYS, 0.0)
+        self._next_plan = None   # PlanHandle of the step planned ahead (async_planning)
         self.num_steps = 0
         self.finished_stats: List[dict] = []
         # wraps the region of the single-token MTP schedule that must not wait for the host
@@ -137,10 +139,11 @@ class Engine:
         """Runs one engine step (plan -> draft -> verify -> sample -> post-process); returns
         the sequences that received tokens."""
         t0 = time.perf_counter()
-        scheduled, preempted = self.planner.schedule(self.proposer.lookahead)
+        scheduled, preempted = self._plan()
         for sid in preempted:
-            self.seqs[sid].num_preemptions += 1
-            self.proposer.reset(self.seqs[sid])
+            if sid in self.seqs:
+                self.seqs[sid].num_preemptions += 1
+                self.proposer.reset(self.seqs[sid])
         if not scheduled:
             return []
         batch = [(self.seqs[sid], start, n) for sid, start, n in scheduled]
@@ -162,7 +165,21 @@ class Engine:
         self.timing["plan"] += t1 - t0
         self.timing["draft"] += t2 - t1
         self.num_steps += 1
+        if self.config.async_planning and self.has_unfinished():
+            self._next_plan = self.planner.schedule_async(self.proposer.lookahead)
         return got_tokens
+
+    def _plan(self):
+        """This step's plan: the one computed ahead on the planner's thread (the wait is
+        timed), else planned now. Sequences finished since it was planned are dropped."""
+        if self._next_plan is None:
+            return self.planner.schedule(self.proposer.lookahead)
+        t = time.perf_counter()
+        scheduled, preempted = self._next_plan.wait()
+        self._next_plan = None
+        self.timing["wait"] += time.perf_counter() - t
+        live = lambda sid: sid in self.seqs and not self.seqs[sid].finished  # noqa: E731
+        return [s for s in scheduled if live(s[0])], preempted
 
     def pack(self, batch, drafts):
         """The target's packed input for a step: prefill chunks, and for decoding sequences

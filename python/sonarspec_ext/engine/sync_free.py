@@ -83,5 +83,5 @@ def sync_free_step(engine, batch, drafts) -> List:
     engine.timing["verify"] += t1 - t0
     engine.timing["sample"] += t2 - t1
     engine.timing["draft"] += t3 - t2
-    engine.timing["wait"] += t4 - t3
+    engine.timing["plan"] += t4 - t3   # post-processing, as in the generic step
     return [b[0] for b in blocks]

@@ -1,0 +1,41 @@
+"""Planning ahead on the planner's thread: same outputs as planning in the step, a plan
+that names a sequence aborted since is harmless, and every page comes back."""
+from sonarspec_ext import LLM, SamplingParams, SpecConfig
+from spec_checks import run_random_workload
+from test_generate import prompts
+
+
+def test_outputs_equal_serial_planning_and_the_wait_is_timed(llama_dir, draft_dir):
+    ps = prompts(10, seed=70)
+    params = [SamplingParams(max_tokens=20, temperature=t, seed=i, ignore_eos=True)
+              for i, t in enumerate([0.0, 1.0] * 5)]
+    spec = SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=3)
+    outs = {}
+    for flag in (True, False):
+        llm = LLM(llama_dir, spec=spec, async_planning=flag, max_num_seqs=4)   # queueing: admissions mid-run
+        outs[flag] = [o.token_ids for o in llm.generate(ps, params)]
+        waited = llm.stats()["timing"]["wait"]
+        assert (waited > 0) == flag
+    assert outs[True] == outs[False]
+
+
+def test_abort_while_the_next_plan_is_pending(llama_dir):
+    llm = LLM(llama_dir, num_pages=40, page_size=4)
+    eng = llm.engine
+    ids = [eng.add_request(p, SamplingParams(max_tokens=30, ignore_eos=True)) for p in prompts(3, seed=71)]
+    eng.step()
+    assert eng._next_plan is not None          # step 2 is being planned already
+    eng.abort(ids[1])
+    eng.pop_finished(ids[1])
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.planner.num_free_pages == eng.kv_cache.num_pages
+    assert all(len(eng.seqs[i].output_ids) == 30 for i in (ids[0], ids[2]))
+
+
+def test_random_workload_with_preemption_returns_every_page(llama_dir, draft_dir):
+    llm = LLM(llama_dir, spec=SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=2),
+              num_pages=30, page_size=4, max_num_seqs=8)
+    eng = run_random_workload(llm, seed=72)
+    assert eng.planner.num_free_pages == eng.kv_cache.num_pages
+    assert sum(s["num_preemptions"] for s in eng.finished_stats) > 0
