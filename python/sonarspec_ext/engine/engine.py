@@ -165,9 +165,12 @@ class Engine:
         self.timing["plan"] += t1 - t0
         self.timing["draft"] += t2 - t1
         self.num_steps += 1
-        if self.config.async_planning and self.has_unfinished():
+        if self._plan_ahead_possible():
             self._next_plan = self.planner.schedule_async(self.proposer.lookahead)
         return got_tokens
+
+    def _plan_ahead_possible(self) -> bool:
+        return self.config.async_planning and self._next_plan is None and self.has_unfinished()
 
     def _plan(self):
         """This step's plan: the one computed ahead on the planner's thread (the wait is
@@ -253,8 +256,16 @@ class Engine:
             if not seq.finished:
                 records.append(StepRecord(seq, start, n_before, draft, accepted, frontier,
                                           None if hidden is None else hidden[used]))
+        # plan the next step on the planner's thread while the drafter refills, from page
+        # tables captured now (the plan may grow or release pages meanwhile)
+        if self._plan_ahead_possible():
+            self.proposer.tables = {r.seq.seq_id: self.planner.page_table(r.seq.seq_id) for r in records}
+            self._next_plan = self.planner.schedule_async(self.proposer.lookahead)
         t5 = time.perf_counter()
-        self.proposer.after_step(records)
+        try:
+            self.proposer.after_step(records)
+        finally:
+            self.proposer.tables = None
         t6 = time.perf_counter()
         self.timing["plan"] += t5 - t4
         self.timing["draft"] += t6 - t5

@@ -40,7 +40,7 @@ class DraftModelProposer(Proposer):
     def _run(self, rows: List[Tuple[object, int, List[int]]]) -> torch.Tensor:
         """One draft forward over (seq, start, token_ids) rows; logits at each row's last token,
         cut or padded to the target's vocabulary."""
-        logits = self.runner.forward_rows([(start, toks, self.planner.page_table(seq.seq_id))
+        logits = self.runner.forward_rows([(start, toks, self.page_table(seq))
                                            for seq, start, toks in rows], self.model.config.sliding_window)
         V = self.vocab_size
         if logits.shape[-1] >= V:

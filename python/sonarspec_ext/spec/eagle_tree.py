@@ -56,7 +56,7 @@ class EagleTreeProposer(MTPProposer):
                     continue
                 begin = s.num_tokens - 1            # head prefix: positions < N - 1 are accurate
                 rows.append((begin + b.nodes[ex[0]].slot, [b.nodes[i].token for i in ex],
-                             self.planner.page_table(s.seq_id)))
+                             self.page_table(s)))
                 trees.append(TreeBlock(begin, np.array([b.nodes[i].bits for i in ex], dtype=np.uint64).view(np.int64),
                                        np.full(len(ex), begin - 1 + depth, dtype=np.int64)))
                 feats.extend(st.feature if b.nodes[i].parent < 0 else b.nodes[b.nodes[i].parent].feature for i in ex)

@@ -59,7 +59,7 @@ class MTPProposer(Proposer):
     def run_head(self, rows: List[Tuple[object, int, List[int], torch.Tensor]]):
         """One head forward over (seq, start position, tokens t_{i+1}, features h_i) rows ->
         (logits, features) at each row's last position."""
-        return self.runner.forward_rows([(start, toks, self.planner.page_table(seq.seq_id))
+        return self.runner.forward_rows([(start, toks, self.page_table(seq))
                                          for seq, start, toks, _ in rows], self.head.config.sliding_window,
                                         features=torch.cat([f for *_, f in rows]))
 

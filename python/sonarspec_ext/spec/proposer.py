@@ -62,6 +62,16 @@ class Proposer:
     #: set by the engine for a step that decodes without speculation (under load): the
     #: proposer may defer the work that follows a decoded token and catch up later
     paused: bool = False
+    #: page tables captured by the engine for ``after_step`` while the next step is being
+    #: planned on the planner's thread (which may grow or release pages meanwhile)
+    tables: Optional[dict] = None
+    planner = None
+
+    def page_table(self, seq) -> List[int]:
+        """The page table of ``seq`` this step's work must use."""
+        if self.tables is not None and seq.seq_id in self.tables:
+            return self.tables[seq.seq_id]
+        return self.planner.page_table(seq.seq_id)
 
     def ready(self, seq) -> bool:
         """Whether ``seq`` can be drafted for in this step."""
