@@ -8,25 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
+from sonarspec_ext.bench import median_us
 from sonarspec_ext.ops.linear import native_gemm_threads, padded_linear
 
 
-def median_us(fn, reps: int = 200) -> float:
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        times.append((time.perf_counter() - t0) / reps * 1e6)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -41,10 +30,10 @@ def main() -> None:
         wb = w.bfloat16()
         for m in (1, 2, 4, 8):
             x = torch.randn(m, d)
-            torch_us = median_us(lambda: F.linear(x, w))
+            torch_us = median_us(lambda: F.linear(x, w), 200, 20)
             with native_gemm_threads():
-                f32_us = median_us(lambda: padded_linear(x, w))
-                bf16_us = median_us(lambda: padded_linear(x, wb))
+                f32_us = median_us(lambda: padded_linear(x, w), 200, 20)
+                bf16_us = median_us(lambda: padded_linear(x, wb), 200, 20)
             rows.append({"d": d, "m": m, "torch_f32_us": round(torch_us, 1), "native_f32_us": round(f32_us, 1),
                          "native_bf16w_us": round(bf16_us, 1)})
             print(f"d {d:5d} M {m}: F.linear {torch_us:8.1f} us | native float32 {f32_us:8.1f} us "

@@ -9,27 +9,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
 from sonarspec_ext import ops
+from sonarspec_ext.bench import median_us
 from sonarspec_ext.ops.reference import chain_speculative_sampling_reference, tree_speculative_sampling_reference
 from sonarspec_ext.params import SamplingParams
 from sonarspec_ext.spec.tree import DraftTree
 from sonarspec_ext.spec.verify import verify_chain_device
 
 
-def median_us(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        times.append((time.perf_counter() - t0) / reps * 1e6)
-    return statistics.median(times)
 
 
 def case(B: int, K: int, V: int):

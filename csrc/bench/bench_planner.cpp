@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "sonarspec/planner.h"
 #include "sonarspec/step_metadata.h"
 
@@ -62,14 +63,8 @@ Result run(int num_seqs, int context, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  std::string json;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--json" && i + 1 < argc) json = argv[++i];
-    else { std::fprintf(stderr, "usage: bench_planner [--quick] [--json PATH]\n"); return 2; }
-  }
+  const sonarspec::bench::Args args = sonarspec::bench::parse_args(argc, argv, "bench_planner");
+  const bool quick = args.quick;
   const std::vector<int> seqs = {1, 8, 64, 256, 1024};
   const std::vector<int> contexts = quick ? std::vector<int>{512} : std::vector<int>{128, 512, 2048};
   const int steps = quick ? 50 : 200;
@@ -87,11 +82,5 @@ int main(int argc, char** argv) {
       out += buf;
     }
   out += "]}\n";
-  if (!json.empty()) {
-    FILE* f = std::fopen(json.c_str(), "w");
-    if (!f) { std::fprintf(stderr, "bench_planner: cannot write %s\n", json.c_str()); return 1; }
-    std::fputs(out.c_str(), f);
-    std::fclose(f);
-  }
-  return 0;
+  return sonarspec::bench::write_file(args.json, out, "bench_planner") ? 0 : 1;
 }

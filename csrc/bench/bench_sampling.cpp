@@ -1,6 +1,6 @@
 // Standalone microbenchmark of native chain rejection sampling on the CPU: time per call
 // versus batch size B, draft length K and vocabulary V (random distributions; drafts are
-// mostly rejected early, so each request scans one residual row twice).
+// mostly rejected early, so each request reads one residual row).
 //   bench_sampling [--quick] [--json PATH] [--threads N]
 #include <algorithm>
 #include <chrono>
@@ -10,21 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "sonarspec/rejection_sampling.h"
 
 namespace {
-
-template <typename F>
-double median_us(F&& fn, int reps) {
-  std::vector<double> t;
-  for (int r = 0; r < 5; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) fn();
-    t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps);
-  }
-  std::sort(t.begin(), t.end());
-  return t[2];
-}
 
 void normalise_rows(std::vector<float>& probs, int64_t rows, int64_t vocab) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -37,16 +26,9 @@ void normalise_rows(std::vector<float>& probs, int64_t rows, int64_t vocab) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  int threads = 2;
-  std::string json;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--json" && i + 1 < argc) json = argv[++i];
-    else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
-    else { std::fprintf(stderr, "usage: bench_sampling [--quick] [--json PATH] [--threads N]\n"); return 2; }
-  }
+  const sonarspec::bench::Args args = sonarspec::bench::parse_args(argc, argv, "bench_sampling");
+  const bool quick = args.quick;
+  const int threads = args.threads;
   std::vector<int64_t> batches = quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 8, 64, 256};
   std::vector<int64_t> ks = quick ? std::vector<int64_t>{4} : std::vector<int64_t>{1, 4, 7};
   std::vector<int64_t> vocabs = quick ? std::vector<int64_t>{32000} : std::vector<int64_t>{32000, 128256};
@@ -67,7 +49,7 @@ int main(int argc, char** argv) {
         std::vector<double> u(B * (K + 1));
         for (auto& v : u) v = ud(rng);
         const int reps = quick ? 5 : std::max<int>(3, static_cast<int>(2e6 / (B * V)));
-        double us = median_us([&] {
+        double us = sonarspec::bench::median_us([&] {
           sonarspec::chain_speculative_sampling_cpu(q.data(), ids.data(), p.data(), u.data(), tokens.data(),
                                                     acc.data(), em.data(), B, K, V, threads);
         }, reps);
@@ -81,11 +63,5 @@ int main(int argc, char** argv) {
         out += buf;
       }
   out += "]}\n";
-  if (!json.empty()) {
-    FILE* f = std::fopen(json.c_str(), "w");
-    if (!f) { std::fprintf(stderr, "bench_sampling: cannot write %s\n", json.c_str()); return 1; }
-    std::fputs(out.c_str(), f);
-    std::fclose(f);
-  }
-  return 0;
+  return sonarspec::bench::write_file(args.json, out, "bench_sampling") ? 0 : 1;
 }

@@ -38,6 +38,19 @@ def make_synthetic_model(path: str, seed: int = 0) -> str:
     return path
 
 
+def median_us(fn, reps: int, warmup: int = 1) -> float:
+    """Median over five batches of ``reps`` calls of ``fn``, microseconds per call."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        times.append((time.perf_counter() - t0) / reps * 1e6)
+    return statistics.median(times)
+
+
 def median_time(fn, repeats: int) -> float:
     """Median wall time (s) of ``repeats`` calls of ``fn``."""
     times = []

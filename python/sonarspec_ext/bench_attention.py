@@ -7,29 +7,17 @@ over the whole sequence through SDPA, the approach that costs trees their speed 
 """
 from __future__ import annotations
 
-import statistics
-import time
 from typing import List, Sequence
 
 import numpy as np
 import torch
 
+from .bench import median_us
 from .engine.kv_cache import KVCache
 from .engine.metadata import TreeBlock, build_metadata
 from .layers.attention import TorchPagedAttention
 from .models.config import ModelConfig
 from .spec.tree import DraftTree
-
-
-def _median_us(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e6
 
 
 def _bushy_tree(num_tokens: int, top_k: int) -> DraftTree:
@@ -62,7 +50,7 @@ def bench_tree_attention(cfg: ModelConfig, contexts: Sequence[int] = (128, 512),
                 "tree": build_metadata([(ctx, T, table)], page_size, "cpu", trees=[block], native_attention=True)[0],
                 "tree_full_mask": build_metadata([(ctx, T, table)], page_size, "cpu", trees=[block])[0],
             }
-            us = {name: _median_us(lambda m=m: TorchPagedAttention(cache, m).attend(0, q, k, v), repeats)
+            us = {name: median_us(lambda m=m: TorchPagedAttention(cache, m).attend(0, q, k, v), max(1, repeats // 5), 3)
                   for name, m in metas.items()}
             rows.append({"context": ctx, "query_tokens": T, "tree_depth": int(np.max(tree.depths)),
                          **{f"{name}_us": round(t, 1) for name, t in us.items()},

@@ -17,7 +17,33 @@
 
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#define SONARSPEC_HOST_DEVICE __host__ __device__
+#else
+#define SONARSPEC_HOST_DEVICE
+#endif
+
 namespace sonarspec {
+
+// The acceptance tests of one request (shared by the CPU and CUDA kernels): p (K + 1, V),
+// q (K, V) or null, ids (K,), u (K + 1,). Writes the accepted prefix to out, counts every
+// passing position in *passed, and returns the stopping position (first rejection, or K).
+SONARSPEC_HOST_DEVICE inline int64_t accept_chain(const float* p, const float* q, const int64_t* ids,
+                                                  const double* u, int64_t k, int64_t vocab, int64_t* out,
+                                                  int64_t* passed) {
+  int64_t stop = -1;
+  *passed = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t x = ids[j];
+    const double px = p[j * vocab + x], qx = q ? static_cast<double>(q[j * vocab + x]) : 1.0;
+    const bool ok = u[j] * qx < px;
+    *passed += ok;
+    if (stop < 0) {
+      if (ok) out[j] = x; else stop = j;
+    }
+  }
+  return stop < 0 ? k : stop;
+}
 
 // draft_probs (B, K, V) float or null; draft_ids (B, K) int64; target_probs (B, K + 1, V)
 // float; uniforms (B, K + 1) double; out_tokens (B, K + 1), accepted_num (B,),

@@ -38,4 +38,18 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
 };
 
+// Runs item(i) for every i in [0, n): on the calling thread when threads <= 1 or n <= 1,
+// else over the global pool, about four strided tasks per thread.
+template <typename F>
+void parallel_items(int64_t n, int threads, F&& item) {
+  if (threads <= 1 || n <= 1) {
+    for (int64_t i = 0; i < n; ++i) item(i);
+    return;
+  }
+  const int tasks = static_cast<int>(n < 4 * threads ? n : 4 * threads);
+  ThreadPool::global().run(tasks, threads, [&](int t) {
+    for (int64_t i = t; i < n; i += tasks) item(i);
+  });
+}
+
 }  // namespace sonarspec

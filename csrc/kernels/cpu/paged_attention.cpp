@@ -73,14 +73,7 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
     if (tree_mask) work += __builtin_popcountll(static_cast<uint64_t>(tree_mask[t]));
   }
   const int threads = work * num_heads * head_dim >= (1 << 16) ? std::max(1, num_threads) : 1;
-  if (threads == 1 || items == 1) {
-    for (int64_t i = 0; i < items; ++i) task(i);
-  } else {
-    const int tasks = static_cast<int>(std::min<int64_t>(items, 4 * threads));
-    ThreadPool::global().run(tasks, threads, [&](int k) {
-      for (int64_t i = k; i < items; i += tasks) task(i);
-    });
-  }
+  parallel_items(items, threads, task);
   return bad.load() / num_heads;
 }
 

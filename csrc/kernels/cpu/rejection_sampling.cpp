@@ -102,7 +102,8 @@ int64_t chain_speculative_sampling_cpu(const float* draft_probs, const int64_t* 
                                        int64_t* out_tokens, int64_t* accepted_num, int64_t* emitted_num,
                                        int64_t batch, int64_t k, int64_t vocab, int num_threads) {
   std::atomic<int64_t> bad{0};
-  auto row = [&](int64_t b, std::vector<double>& sums) {
+  auto row = [&](int64_t b) {
+    thread_local std::vector<double> sums;  // chunk sums of the stopping row
     int64_t* out = out_tokens + b * (k + 1);
     std::fill(out, out + k + 1, -1);
     accepted_num[b] = emitted_num[b] = 0;
@@ -112,34 +113,16 @@ int64_t chain_speculative_sampling_cpu(const float* draft_probs, const int64_t* 
     const double* u = uniforms + b * (k + 1);
     const float* p = target_probs + b * (k + 1) * vocab;
     const float* q = draft_probs ? draft_probs + b * k * vocab : nullptr;
-    int64_t stop = -1, passed = 0;
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t x = ids[j];
-      const double px = p[j * vocab + x], qx = q ? static_cast<double>(q[j * vocab + x]) : 1.0;
-      const bool ok = u[j] * qx < px;
-      passed += ok;
-      if (stop < 0) {
-        if (ok) out[j] = x; else stop = j;
-      }
-    }
-    const int64_t s = stop < 0 ? k : stop;
-    const float* qs = (stop < 0 || !q) ? nullptr : q + s * vocab;
-    const int64_t drafted = (stop < 0 || q) ? -1 : ids[s];
+    int64_t passed = 0;
+    const int64_t s = accept_chain(p, q, ids, u, k, vocab, out, &passed);
+    const float* qs = (s == k || !q) ? nullptr : q + s * vocab;
+    const int64_t drafted = (s == k || q) ? -1 : ids[s];
     out[s] = sample_row(p + s * vocab, qs, drafted, vocab, u[k], sums);
     accepted_num[b] = passed;
     emitted_num[b] = s;
   };
   const int threads = batch * (k + 2) * vocab >= (1 << 18) ? std::max(1, num_threads) : 1;
-  if (threads == 1 || batch == 1) {
-    std::vector<double> sums;
-    for (int64_t b = 0; b < batch; ++b) row(b, sums);
-  } else {
-    const int tasks = static_cast<int>(std::min<int64_t>(batch, 4 * threads));
-    ThreadPool::global().run(tasks, threads, [&](int t) {
-      std::vector<double> sums;
-      for (int64_t b = t; b < batch; b += tasks) row(b, sums);
-    });
-  }
+  parallel_items(batch, threads, row);
   return bad.load();
 }
 

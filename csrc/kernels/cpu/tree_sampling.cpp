@@ -85,14 +85,7 @@ int64_t tree_speculative_sampling_cpu(const int64_t* candidates, const int64_t* 
     }
   };
   const int threads = batch * vocab >= (1 << 16) ? std::max(1, num_threads) : 1;
-  if (threads == 1 || batch == 1) {
-    for (int64_t b = 0; b < batch; ++b) row(b);
-  } else {
-    const int tasks = static_cast<int>(std::min<int64_t>(batch, 4 * threads));
-    ThreadPool::global().run(tasks, threads, [&](int t) {
-      for (int64_t b = t; b < batch; b += tasks) row(b);
-    });
-  }
+  parallel_items(batch, threads, row);
   return bad.load();
 }
 

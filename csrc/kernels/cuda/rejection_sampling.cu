@@ -52,21 +52,12 @@ __global__ void chain_sampling_kernel(const float* __restrict__ draft_probs, con
   for (int64_t j = tid; j <= k; j += blockDim.x) out[j] = -1;
   __syncthreads();
   if (tid == 0) {
-    int64_t stop = -1, passed = 0;
+    int64_t passed = 0;
     int bad = 0;
     for (int64_t j = 0; j < k; ++j) bad |= ids[j] < 0 || ids[j] >= vocab;
-    for (int64_t j = 0; j < k && !bad; ++j) {
-      const int64_t x = ids[j];
-      const double px = p[j * vocab + x], qx = q ? static_cast<double>(q[j * vocab + x]) : 1.0;
-      const bool ok = u[j] * qx < px;
-      passed += ok;
-      if (stop < 0) {
-        if (ok) out[j] = x; else stop = j;
-      }
-    }
     s_bad = bad;
-    s_stop = stop < 0 ? k : stop;
-    s_drafted = (stop < 0 || q) ? -1 : ids[s_stop];
+    s_stop = bad ? k : accept_chain(p, q, ids, u, k, vocab, out, &passed);
+    s_drafted = (s_stop == k || q) ? -1 : ids[s_stop];
     accepted_num[b] = bad ? 0 : passed;
     emitted_num[b] = bad ? 0 : s_stop;
     if (bad)

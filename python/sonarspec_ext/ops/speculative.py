@@ -12,6 +12,16 @@ from .linear import native_threads
 _PROB_DTYPES = (torch.float32,)
 
 
+def _uniforms(uniforms: Optional[torch.Tensor], generator, rows: int, cols: int, dev) -> torch.Tensor:
+    """The given (rows, cols) float64 uniforms, checked, or fresh ones from ``generator``."""
+    if uniforms is None:
+        return torch.rand(rows, cols, dtype=torch.float64, generator=generator, device=dev)
+    check_tensor("uniforms", uniforms, dtypes=(torch.float64,), ndim=2, device=dev)
+    if tuple(uniforms.shape) != (rows, cols):
+        raise ValueError(f"uniforms has shape {list(uniforms.shape)}, expected [{rows}, {cols}]")
+    return uniforms
+
+
 def chain_speculative_sampling(draft_probs: Optional[torch.Tensor], draft_token_ids: torch.Tensor,
                                target_probs: torch.Tensor, *, generator: Optional[torch.Generator] = None,
                                uniforms: Optional[torch.Tensor] = None
@@ -47,11 +57,7 @@ def chain_speculative_sampling(draft_probs: Optional[torch.Tensor], draft_token_
         check_tensor("draft_probs", draft_probs, dtypes=_PROB_DTYPES, ndim=3, device=dev)
         if tuple(draft_probs.shape) != (B, K, V):
             raise ValueError(f"draft_probs has shape {list(draft_probs.shape)}, expected [{B}, {K}, {V}]")
-    if uniforms is None:
-        uniforms = torch.rand(B, K + 1, dtype=torch.float64, generator=generator, device=dev)
-    check_tensor("uniforms", uniforms, dtypes=(torch.float64,), ndim=2, device=dev)
-    if tuple(uniforms.shape) != (B, K + 1):
-        raise ValueError(f"uniforms has shape {list(uniforms.shape)}, expected [{B}, {K + 1}]")
+    uniforms = _uniforms(uniforms, generator, B, K + 1, dev)
     if dev.type == "cpu" and B and K and (int(draft_token_ids.min()) < 0 or int(draft_token_ids.max()) >= V):
         raise ValueError(f"draft_token_ids must lie in [0, {V})")
     check_cuda_build("chain_speculative_sampling", dev)
@@ -98,11 +104,7 @@ def tree_speculative_sampling(candidates: torch.Tensor, first_child: torch.Tenso
         check_tensor("draft_probs", draft_probs, dtypes=_PROB_DTYPES, ndim=3, device=dev)
         if tuple(draft_probs.shape) != (B, N, V):
             raise ValueError(f"draft_probs has shape {list(draft_probs.shape)}, expected [{B}, {N}, {V}]")
-    if uniforms is None:
-        uniforms = torch.rand(B, N + 1, dtype=torch.float64, generator=generator, device=dev)
-    check_tensor("uniforms", uniforms, dtypes=(torch.float64,), ndim=2, device=dev)
-    if tuple(uniforms.shape) != (B, N + 1):
-        raise ValueError(f"uniforms has shape {list(uniforms.shape)}, expected [{B}, {N + 1}]")
+    uniforms = _uniforms(uniforms, generator, B, N + 1, dev)
     if dev.type == "cpu" and B:   # on CUDA invalid rows come back as all -1 (no host sync)
         if N > 1 and (int(candidates[:, 1:].min()) < 0 or int(candidates[:, 1:].max()) >= V):
             raise ValueError(f"candidates must lie in [0, {V})")
