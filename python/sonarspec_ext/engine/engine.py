@@ -20,12 +20,10 @@ from ..models.tokenizer import Tokenizer
 from ..params import SamplingParams, SpecConfig
 from .kv_cache import KVCache, num_pages_for_budget
 from .runner import ModelRunner
-from .sampler import sample
 from .sequence import Sequence
 from ..spec.factory import make_proposer, resolve_draft
-from ..spec.proposer import StepRecord
+from .generic_step import generic_step
 from .sync_free import sync_free_step
-from ..spec.verify import verify_chains, verify_tree
 from .metadata import TreeBlock
 
 TIMING_KEYS = ("plan", "draft", "verify", "sample", "wait")
@@ -161,7 +159,7 @@ class Engine:
                 len(d.token_ids) == 1 for d in drafts.values()):
             got_tokens = sync_free_step(self, batch, drafts)
         else:
-            got_tokens = self._generic_step(batch, drafts)
+            got_tokens = generic_step(self, batch, drafts)
         self.timing["plan"] += t1 - t0
         self.timing["draft"] += t2 - t1
         self.num_steps += 1
@@ -222,66 +220,12 @@ class Engine:
             self.planner.commit(seq.seq_id, n_before + accepted)
         return n_before
 
-    def _generic_step(self, batch, drafts) -> List[Sequence]:
-        t2 = time.perf_counter()
-        ids, positions, meta, blocks, logits_idx = self.pack(batch, drafts)
-        out = self.runner.forward(ids, positions, meta, logits_idx,
-                                  hidden_indices=slice(None) if self.proposer.needs_hidden else None)
-        logits, hidden = out if self.proposer.needs_hidden else (out, None)
-        t3 = time.perf_counter()
-        chains = [(logits[offset:offset + len(draft.token_ids) + 1], draft, seq.params, seq.generator)
-                  for seq, start, row, n, frontier, offset, draft in blocks
-                  if frontier and draft is not None and draft.tree is None]
-        chain_results = iter(verify_chains(chains))
-        results = []
-        for seq, start, row, n, frontier, offset, draft in blocks:
-            tokens, accepted, used = [], 0, list(range(row, row + n))   # used: rows now valid
-            if frontier:
-                if draft is None:
-                    tokens = sample(logits[offset:offset + 1], [seq.params], [seq.generator])
-                elif draft.tree is not None:
-                    block = logits[offset:offset + len(draft.token_ids) + 1]
-                    tokens, path = verify_tree(block, draft, seq.params, seq.generator)
-                    accepted = len(path)
-                    self._commit_tree_path(seq, path)
-                    used += [row + n - 1 + i for i in path]
-                else:
-                    tokens, accepted = next(chain_results)
-                    used += range(row + n, row + n + accepted)
-            results.append((seq, start, frontier, tokens, accepted, draft, used))
-        t4 = time.perf_counter()
-        records = []
-        for seq, start, frontier, tokens, accepted, draft, used in results:
-            n_before = self.emit(seq, tokens, accepted, draft)
-            if not seq.finished:
-                records.append(StepRecord(seq, start, n_before, draft, accepted, frontier,
-                                          None if hidden is None else hidden[used]))
-        # plan the next step on the planner's thread while the drafter refills, from page
-        # tables captured now (the plan may grow or release pages meanwhile)
+    def plan_ahead(self, records) -> None:
+        """Plans the next step on the planner's thread while the drafter refills from
+        ``records``, using page tables captured now (the plan may grow or release pages)."""
         if self._plan_ahead_possible():
             self.proposer.tables = {r.seq.seq_id: self.planner.page_table(r.seq.seq_id) for r in records}
             self._next_plan = self.planner.schedule_async(self.proposer.lookahead)
-        t5 = time.perf_counter()
-        try:
-            self.proposer.after_step(records)
-        finally:
-            self.proposer.tables = None
-        t6 = time.perf_counter()
-        self.timing["plan"] += t5 - t4
-        self.timing["draft"] += t6 - t5
-        self.timing["verify"] += t3 - t2
-        self.timing["sample"] += t4 - t3
-        return [r[0] for r in results if r[2]]
-
-    def _commit_tree_path(self, seq: Sequence, path: List[int]) -> None:
-        """Moves the target KV of accepted tree nodes (tree-ordered slots after the root at
-        position N - 1) to the positions N, N + 1, ... of the accepted path."""
-        moves = [(d + 1, i) for d, i in enumerate(path) if i != d + 1]
-        if moves:
-            base = seq.num_tokens - 1
-            slots = self.kv_cache.slots(self.planner.page_table(seq.seq_id),
-                                        [base + i for _, i in moves] + [base + d for d, _ in moves])
-            self.kv_cache.move(slots[:len(moves)], slots[len(moves):])
 
     # ---- post-processing ------------------------------------------------------------
     def _append(self, seq: Sequence, tokens: List[int]) -> None:
