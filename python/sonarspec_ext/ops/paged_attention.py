@@ -29,6 +29,8 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         check_tensor(name, t, dtypes=(torch.float32,), ndim=3, device=q.device)
         if t.shape[2] != D or H % t.shape[1]:
             raise ValueError(f"{name} has shape {list(t.shape)}: head_dim must be {D} and num_kv_heads divide {H}")
+    if H // k_pool.shape[1] > 16:
+        raise ValueError(f"paged_attention supports up to 16 query heads per KV head, got {H // k_pool.shape[1]}")
     if v_pool.shape != k_pool.shape:
         raise ValueError(f"v_pool has shape {list(v_pool.shape)}, expected {list(k_pool.shape)} like k_pool")
     check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2, device=q.device)
