@@ -80,11 +80,12 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_neg_avx2(__m256 x) {
 __attribute__((target("avx2,fma"))) inline void exp_inplace_avx2(float* x, int n) {
   int i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp_neg_avx2(_mm256_loadu_ps(x + i)));
-  if (i < n) {
+  const int rem = n - i < 8 ? n - i : 8;
+  if (rem > 0) {
     alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int j = i; j < n; ++j) tail[j - i] = x[j];
+    for (int j = 0; j < rem; ++j) tail[j] = x[i + j];
     _mm256_store_ps(tail, exp_neg_avx2(_mm256_load_ps(tail)));
-    for (int j = i; j < n; ++j) x[j] = tail[j - i];
+    for (int j = 0; j < rem; ++j) x[i + j] = tail[j];
   }
 }
 #endif
