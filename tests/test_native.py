@@ -146,3 +146,31 @@ def test_padded_linear_awkward_shapes_and_non_contiguous_inputs(m, weight_dtype)
     torch.testing.assert_close(padded_linear(x, w, b), ref.float(), rtol=1e-5, atol=1e-4)
     x3 = torch.randn(2, m, 45, generator=g)                   # leading batch dims
     torch.testing.assert_close(padded_linear(x3, w), (x3.double() @ w.double().T).float(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 33, 64, 65, 70])
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+def test_padded_mlp_matches_the_torch_mlp(m, weight_dtype):
+    """The gated MLP against float64 torch (awkward sizes, non-contiguous input, leading
+    dims), and bit for bit against the three-op composition it replaces."""
+    from sonarspec_ext.ops import padded_mlp
+    from sonarspec_ext.ops.elementwise import silu_and_mul
+    from sonarspec_ext.ops.linear import padded_linear
+    g = torch.Generator().manual_seed(m)
+    H, inter = 45, 37
+    x = torch.randn(m, 2 * H, generator=g)[:, ::2]
+    gate_up = (torch.randn(2 * inter, H, generator=g) / 5).to(weight_dtype)
+    down = (torch.randn(H, inter, generator=g) / 5).to(weight_dtype)
+    gu = x.double() @ gate_up.double().T
+    ref = (torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]) @ down.double().T
+    got = padded_mlp(x, gate_up, down)
+    torch.testing.assert_close(got, ref.float(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(got, padded_linear(silu_and_mul(padded_linear(x, gate_up)), down))
+    x3 = x.reshape(1, m, H)
+    assert torch.equal(padded_mlp(x3, gate_up, down)[0], got)
+    with pytest.raises(ValueError, match="gate_up_weight has shape"):
+        padded_mlp(x, gate_up[:-1], down)
+    with pytest.raises(ValueError, match="features"):
+        padded_mlp(x[:, :-1], gate_up, down)
+    with pytest.raises(ValueError, match="share a dtype"):
+        padded_mlp(x, gate_up.double(), down)

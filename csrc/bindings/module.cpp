@@ -170,6 +170,13 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "sonarspec native core: planner and kernels";
   m.def("build_info", &build_info, "How this extension was built: cuda, cuda_arch, version.");
   m.def("cuda_available", &cuda_available, "Whether a CUDA device is usable at run time.");
+  m.def("small_mlp", [](uintptr_t x, uintptr_t gate_up, uintptr_t down, uintptr_t y, int64_t m, int64_t hidden,
+                        int64_t inter, bool bf16_weights, int num_threads) {
+    py::gil_scoped_release release;
+    small_mlp(reinterpret_cast<const float*>(x), reinterpret_cast<const void*>(gate_up),
+              reinterpret_cast<const void*>(down), reinterpret_cast<float*>(y), m, hidden, inter, bf16_weights,
+              num_threads);
+  }, "Gated SiLU MLP for few rows: small_gemm, silu_and_mul, small_gemm in one call (raw pointers).");
   m.def("small_gemm", &small_gemm, "y = x @ w^T (+ bias), float32 x, float32 or bfloat16 w, few rows of x (raw pointers).");
   m.def("kv_store", &kv_store, "Scatter key/value rows into paged pools (raw pointers).");
   m.def("rms_norm", [](uintptr_t x, uintptr_t w, uintptr_t out, int64_t rows, int64_t n, float eps) {

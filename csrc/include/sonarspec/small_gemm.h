@@ -20,3 +20,14 @@ void small_gemm_bf16w(const float* x, const uint16_t* w, const float* bias, floa
                       int64_t k, int num_threads);
 
 }  // namespace sonarspec
+
+namespace sonarspec {
+
+// Gated SiLU MLP for few rows, in one call: y = (silu(x @ g^T) * (x @ u^T)) @ down^T where
+// gate_up (2 * inter, hidden) stacks g over u and down is (hidden, inter); x (m, hidden),
+// y (m, hidden). Same arithmetic as small_gemm, silu_and_mul_cpu, small_gemm in turn.
+// bf16_weights: both weights are bfloat16 bits (uint16_t), else float32.
+void small_mlp(const float* x, const void* gate_up, const void* down, float* y, int64_t m, int64_t hidden,
+               int64_t inter, bool bf16_weights, int num_threads);
+
+}  // namespace sonarspec

@@ -12,8 +12,8 @@ from torch import nn
 
 from ..layers.attention import AttentionBackend
 from ..layers.linear import Linear
-from ..ops.elementwise import apply_rope, silu_and_mul
-from ..ops.linear import padded_linear
+from ..ops.elementwise import apply_rope
+from ..ops.linear import padded_linear, padded_mlp
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
@@ -61,8 +61,8 @@ class LlamaMLP(nn.Module):
         self.gate_up = _fuse([self.gate_proj, self.up_proj])
 
     def forward(self, x):
-        if self.gate_up is not None:
-            return self.down_proj(silu_and_mul(padded_linear(x, *self.gate_up)))
+        if self.gate_up is not None and self.gate_up[1] is None and self.down_proj.bias is None:
+            return padded_mlp(x, self.gate_up[0], self.down_proj.weight)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _C
+from .elementwise import NATIVE_MAX_ROWS, silu_and_mul
 
 # Largest row count sent to the native small-M kernel on CPU: one pass over the weights
 # serves up to 8 rows; beyond that torch's BLAS GEMM is as fast or faster.
@@ -73,3 +74,38 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
     return F.linear(x, weight, bias)
+
+
+def padded_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
+    """Gated SiLU MLP, ``down(silu(x @ gate^T) * (x @ up^T))``: ``gate_up_weight``
+    (2 * intermediate, hidden) stacks the gate rows over the up rows, ``down_weight``
+    (hidden, intermediate), x (..., hidden) -> (..., hidden).
+
+    float32 CPU inputs with few rows (as ``padded_linear``) run as one native call; the
+    result equals ``padded_linear``, ``silu_and_mul``, ``padded_linear`` in turn bit for
+    bit, which is what every other case runs."""
+    for name, w in (("gate_up_weight", gate_up_weight), ("down_weight", down_weight)):
+        if not isinstance(w, torch.Tensor) or w.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D tensor")
+    H, inter = down_weight.shape
+    if gate_up_weight.shape != (2 * inter, H):
+        raise ValueError(f"gate_up_weight has shape {list(gate_up_weight.shape)}, expected [{2 * inter}, {H}] "
+                         f"for down_weight of shape {list(down_weight.shape)}")
+    if x.shape[-1] != H:
+        raise ValueError(f"x has {x.shape[-1]} features, the MLP takes {H}")
+    if gate_up_weight.dtype != down_weight.dtype:
+        raise ValueError(f"gate_up_weight ({gate_up_weight.dtype}) and down_weight ({down_weight.dtype}) "
+                         f"must share a dtype")
+    rows = x.numel() // H
+    compact = down_weight.dtype == torch.bfloat16
+    if (uses_native_gemm(rows, x.device, x.dtype, compact) and rows <= NATIVE_MAX_ROWS
+            and down_weight.dtype in (torch.float32, torch.bfloat16)
+            and gate_up_weight.is_contiguous() and down_weight.is_contiguous()
+            and not (torch.is_grad_enabled() and (x.requires_grad or gate_up_weight.requires_grad
+                                                  or down_weight.requires_grad))):
+        xc = x.contiguous()
+        out = torch.empty(*x.shape[:-1], H, dtype=torch.float32)
+        _C.small_mlp(xc.data_ptr(), gate_up_weight.data_ptr(), down_weight.data_ptr(), out.data_ptr(), rows, H,
+                     inter, compact, native_threads())
+        return out
+    return padded_linear(silu_and_mul(padded_linear(x, gate_up_weight)), down_weight)
