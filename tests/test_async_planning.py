@@ -43,12 +43,13 @@ def test_random_workload_with_preemption_returns_every_page(llama_dir, draft_dir
 
 def test_outputs_equal_under_preemption_while_drafters_refill(llama_dir, draft_dir, heads):
     """Tight KV memory: plans made during the drafters' refills preempt sequences; greedy
-    outputs still equal plain decoding for draft models and MTP heads."""
+    outputs still equal plain decoding for draft models, MTP chains and EAGLE trees."""
     ps = prompts(12, seed=73)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     ref = [o.token_ids for o in LLM(llama_dir).generate(ps, params)]
     for spec in (SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=3),
-                 SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=3)):
+                 SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=3),
+                 SpecConfig(method="eagle_tree", draft=heads["trained"], num_draft_tokens=3, tree_num_nodes=6)):
         llm = LLM(llama_dir, spec=spec, num_pages=34, page_size=4, max_num_seqs=12)
         assert [o.token_ids for o in llm.generate(ps, params)] == ref
         assert sum(s["num_preemptions"] for s in llm.engine.finished_stats) > 0

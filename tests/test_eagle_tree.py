@@ -89,3 +89,15 @@ def test_biased_and_sliding_window_targets_at_the_context_limit(fixture, request
 def test_missing_head_is_a_clear_error(qwen_dir):
     with pytest.raises(ValueError, match="method='eagle_tree', draft=DIR"):
         LLM(qwen_dir, spec=SpecConfig(method="eagle_tree"))
+
+
+def test_paused_speculation_under_load_stays_exact(llama_dir, heads, plain_greedy):
+    """spec_max_batch: trees pause while more sequences decode and resume as they finish."""
+    ps = prompts(6, seed=65)
+    params = [SamplingParams(max_tokens=8 + 4 * i, temperature=0.0, ignore_eos=True) for i in range(6)]
+    llm = LLM(llama_dir, spec=SpecConfig(method="eagle_tree", draft=heads["trained"], num_draft_tokens=3),
+              spec_max_batch=2)
+    got = [o.token_ids for o in llm.generate(ps, params)]
+    want = [plain_greedy([p], q)[0] for p, q in zip(ps, params)]
+    assert got == want
+    assert llm.stats()["num_accepted_tokens"] > 0
