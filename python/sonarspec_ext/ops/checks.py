@@ -26,9 +26,12 @@ def stream_handle(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
+_BUILT_WITH_CUDA = bool(_C.build_info()["cuda"])   # read once: the checks run on every kernel call
+
+
 def built_with_cuda() -> bool:
     """Whether the native extension has its CUDA kernels."""
-    return bool(_C.build_info()["cuda"])
+    return _BUILT_WITH_CUDA
 
 
 def check_cuda_build(op: str, device: torch.device) -> None:

@@ -21,13 +21,11 @@ from .tree import TreeBuilder, max_expanded
 
 
 class EagleTreeProposer(MTPProposer):
-    sync_free = False
-
     def __init__(self, head, depth: int, top_k: int, num_nodes: int, planner, num_pages: int, page_size: int,
                  dtype, device, paths: Optional[List[List[int]]] = None,
                  token_budget: int = NATIVE_ATTENTION_MAX_TOKENS):
         super().__init__(head, depth, planner, num_pages, page_size, dtype, device)
-        self.sync_free = False
+        self.sync_free = False   # trees never take the single-token schedule
         self.top_k, self.num_nodes = top_k, (len(paths) if paths is not None else num_nodes)
         self.paths = None if paths is None else [tuple(p) for p in paths]
         self.token_budget = token_budget

@@ -8,6 +8,7 @@ at positions ``start + index`` of its KV (tree-ordered slots), with RoPE positio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -32,7 +33,7 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    @property
+    @cached_property
     def depths(self) -> np.ndarray:
         d = np.zeros(len(self), dtype=np.int64)
         for i in range(1, len(self)):
