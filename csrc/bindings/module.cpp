@@ -198,4 +198,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("shifted_scatter", &shifted_scatter, "Shift token blocks left and scatter the next tokens (raw pointers).");
 
   bind_planner(m);
+  bind_decoder_stack(m);
 }

@@ -141,10 +141,12 @@ void rows(const float* x, const W* w, const float* bias, float* y, int64_t m, in
 template <typename W>
 void small_gemm(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
                 int num_threads) {
-  // Tasks of at least 64 KiB of weights, about four per thread; small problems stay
-  // on the calling thread.
-  const int64_t wbytes = n * k * static_cast<int64_t>(sizeof(W));
-  int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads, wbytes / (512 * 1024)));
+  // A thread per kMinWork multiply-adds at least (waking a worker costs about as much as
+  // a few thousand of them), tasks of at least 64 KiB of weights, about four per thread;
+  // small problems stay on the calling thread. The split is along n, so the result does
+  // not depend on the thread count.
+  constexpr int64_t kMinWork = int64_t{1} << 16;
+  int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads, m * n * k / kMinWork));
   if (threads == 1) {
     rows(x, w, bias, y, m, n, k, 0, n);
     return;

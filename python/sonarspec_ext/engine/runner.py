@@ -19,6 +19,8 @@ class ModelRunner:
         self.dtype = model.compute_dtype
         self.compact = any(p.dtype == torch.bfloat16 and p.dim() == 2 for p in model.parameters())
         self.device = kv_cache.k.device
+        self._stack = None   # the model's layers as one native call, built at the first small step
+        self._stack_built = False
 
     def metadata(self, rows: Sequence[Tuple[int, int, Sequence[int]]], sliding_window: Optional[int] = None,
                  trees: Optional[List[Optional[TreeBlock]]] = None):
@@ -58,8 +60,11 @@ class ModelRunner:
         hidden_size) are the per-token hidden-state inputs of an MTP head."""
         small = uses_native_gemm(input_ids.numel(), input_ids.device, self.dtype, self.compact)
         extra = () if features is None else (features,)
+        if small and not self._stack_built:
+            self._stack, self._stack_built = self.model.native_stack(self.kv_cache), True
         with native_gemm_threads() if small else nullcontext():
-            hidden = self.model(input_ids, positions, TorchPagedAttention(self.kv_cache, meta), *extra)
+            attn = TorchPagedAttention(self.kv_cache, meta, self._stack if small else None)
+            hidden = self.model(input_ids, positions, attn, *extra)
             logits = self.model.compute_logits(hidden[logits_indices])
         if hidden_indices is None:
             return logits

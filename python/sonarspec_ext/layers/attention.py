@@ -20,6 +20,13 @@ class AttentionBackend:
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def run_stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  final_norm=None) -> Optional[torch.Tensor]:
+        """All decoder layers of the model at once, then ``final_norm`` (an ``RMSNorm`` or
+        None), through a native ``DecoderStack``; None when this backend or step has none:
+        the model then runs its layers one by one."""
+        return None
+
 
 class DenseCausalAttention(AttentionBackend):
     """Causal attention over ``batch_size`` equal-length sequences, no cache (training)."""
@@ -68,10 +75,20 @@ class PagedAttentionMetadata:
 class TorchPagedAttention(AttentionBackend):
     """Paged attention (CPU and CUDA): writes new K/V into the page pool, then for small
     float32 CPU steps runs the native kernel on the pool directly; otherwise gathers each
-    sequence's cached K/V and runs one masked SDPA for the whole batch."""
+    sequence's cached K/V and runs one masked SDPA for the whole batch. With a ``stack``
+    (the model's layers as one ``ops.DecoderStack`` on this cache) small float32 CPU steps
+    run every layer in one native call."""
 
-    def __init__(self, kv_cache, meta: PagedAttentionMetadata):
-        self.kv_cache, self.meta = kv_cache, meta
+    def __init__(self, kv_cache, meta: PagedAttentionMetadata, stack=None):
+        self.kv_cache, self.meta, self.stack = kv_cache, meta, stack
+
+    def run_stack(self, x, cos, sin, final_norm=None):
+        m, stack = self.meta, self.stack
+        if (stack is None or m.native is None or not stack.accepts(x)
+                or (final_norm is not None and final_norm.eps != stack.eps)):
+            return None
+        return stack.forward(x, cos, sin, m.slot_mapping, m.block_table, m.page_size, *m.native,
+                             final_norm=None if final_norm is None else final_norm.weight)
 
     def attend(self, layer_idx, q, k, v):
         m = self.meta

@@ -6,6 +6,8 @@ inference (``TorchPagedAttention`` or another backend).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,6 +15,7 @@ from torch import nn
 from ..layers.attention import AttentionBackend
 from ..layers.linear import Linear
 from ..ops.elementwise import apply_rope
+from ..ops.decoder_stack import DecoderStack, LayerTensors
 from ..ops.linear import padded_linear, padded_mlp
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
@@ -96,6 +99,34 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def native_stack(layers, kv_cache) -> Optional[DecoderStack]:
+    """``layers`` as one ``ops.DecoderStack`` on ``kv_cache``'s float32 CPU pools, or None
+    when they cannot run as one (projections not fused, biases outside q/k/v, bfloat16
+    activations, CUDA): the per-op path then runs them."""
+    tensors, eps = [], set()
+    for layer in layers:
+        a, mlp = layer.self_attn, layer.mlp
+        if (a.qkv is None or mlp.gate_up is None or mlp.gate_up[1] is not None or a.o_proj.bias is not None
+                or mlp.down_proj.bias is not None):
+            return None
+        in_norm, post_norm = layer.input_layernorm, layer.post_attention_layernorm
+        if not isinstance(post_norm, RMSNorm) or not isinstance(in_norm, (RMSNorm, nn.Identity)):
+            return None
+        in_norm = in_norm if isinstance(in_norm, RMSNorm) else None
+        eps.update(n.eps for n in (in_norm, post_norm) if n is not None)
+        k_pool, v_pool = kv_cache.layer(a.layer_idx)
+        tensors.append(LayerTensors(
+            input_norm=None if in_norm is None else in_norm.weight, post_norm=post_norm.weight, qkv=a.qkv[0], qkv_bias=a.qkv[1], o=a.o_proj.weight,
+            gate_up=mlp.gate_up[0], down=mlp.down_proj.weight, k_pool=k_pool, v_pool=v_pool))
+    if len(eps) != 1:
+        return None
+    first = layers[0].self_attn
+    try:
+        return DecoderStack(tensors, first.num_heads, first.num_kv_heads, eps.pop())
+    except ValueError:
+        return None
+
+
 class LlamaBackbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -121,9 +152,16 @@ class LlamaForCausalLM(nn.Module):
         (num_tokens, hidden_size). Logits are computed separately, only where needed."""
         x = self.model.embed_tokens(input_ids).to(self.compute_dtype)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        out = attn.run_stack(x, cos, sin, self.model.norm)
+        if out is not None:
+            return out
         for layer in self.model.layers:
             x = layer(x, cos, sin, attn)
         return self.model.norm(x)
+
+    def native_stack(self, kv_cache) -> Optional[DecoderStack]:
+        """The decoder layers as one native call on ``kv_cache`` (see ``native_stack``)."""
+        return native_stack(self.model.layers, kv_cache)
 
     @property
     def compute_dtype(self) -> torch.dtype:

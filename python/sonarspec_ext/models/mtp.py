@@ -24,7 +24,7 @@ from ..ops.linear import padded_linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
-from .llama import LlamaDecoderLayer
+from .llama import LlamaDecoderLayer, native_stack
 
 LAYOUTS = ("rmsnorm", "eagle1")
 
@@ -89,8 +89,15 @@ class MTPHead(nn.Module):
             e, h = self.enorm(e), self.hnorm(h)
         x = self.fc(torch.cat([e, h], dim=-1))
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        out = attn.run_stack(x, cos, sin, self.norm)
+        if out is not None:
+            return out
         x = self.layer(x, cos, sin, attn)
         return self.norm(x) if self.norm is not None else x
+
+    def native_stack(self, kv_cache):
+        """The head's decoder layer as one native call on ``kv_cache`` (or None)."""
+        return native_stack([self.layer], kv_cache)
 
     @property
     def compute_dtype(self) -> torch.dtype:

@@ -1,0 +1,85 @@
+// Decoder layers in one native call; see decoder_stack.h for the contract.
+#include "sonarspec/decoder_stack.h"
+
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "sonarspec/elementwise.h"
+#include "sonarspec/kv_store.h"
+#include "sonarspec/paged_attention.h"
+#include "sonarspec/small_gemm.h"
+
+namespace sonarspec {
+namespace {
+
+void gemm(const DecoderShape& s, const float* x, const void* w, const float* bias, float* y, int64_t m, int64_t n,
+          int64_t k, int num_threads) {
+  if (s.bf16_weights) {
+    small_gemm_bf16w(x, static_cast<const uint16_t*>(w), bias, y, m, n, k, num_threads);
+  } else {
+    small_gemm_f32(x, static_cast<const float*>(w), bias, y, m, n, k, num_threads);
+  }
+}
+
+void add_inplace(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+// Copies `cols` floats of each of `rows` rows from a row stride of `src_stride` into a
+// contiguous (rows, cols) block.
+void gather_rows(const float* src, int64_t src_stride, float* dst, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, src + r * src_stride, sizeof(float) * cols);
+}
+
+}  // namespace
+
+int64_t decoder_stack_forward(const DecoderLayerWeights* layers, int64_t num_layers, const DecoderShape& s,
+                              float* x, int64_t m, const float* cos, const float* sin, const StepAttention& a,
+                              const float* final_norm, float* out, int num_threads) {
+  const int64_t q_dim = s.num_heads * s.head_dim, kv_dim = s.num_kv_heads * s.head_dim;
+  const int64_t qk_dim = q_dim + kv_dim, qkv_dim = qk_dim + kv_dim;
+  thread_local std::vector<float> h, qkv, qk, qk_rot, q, k, v, att, tmp;
+  h.resize(static_cast<size_t>(m * s.hidden));
+  tmp.resize(static_cast<size_t>(m * s.hidden));
+  qkv.resize(static_cast<size_t>(m * qkv_dim));
+  qk.resize(static_cast<size_t>(m * qk_dim));
+  qk_rot.resize(static_cast<size_t>(m * qk_dim));
+  q.resize(static_cast<size_t>(m * q_dim));
+  k.resize(static_cast<size_t>(m * kv_dim));
+  v.resize(static_cast<size_t>(m * kv_dim));
+  att.resize(static_cast<size_t>(m * q_dim));
+  int64_t bad_slots = 0;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const DecoderLayerWeights& L = layers[l];
+    const float* in = x;
+    if (L.input_norm != nullptr) {
+      rms_norm_cpu(x, L.input_norm, h.data(), m, s.hidden, s.eps);
+      in = h.data();
+    }
+    gemm(s, in, L.qkv, L.qkv_bias, qkv.data(), m, qkv_dim, s.hidden, num_threads);
+    gather_rows(qkv.data(), qkv_dim, qk.data(), m, qk_dim);   // cat(q, k) per token
+    rope_cpu(qk.data(), cos, sin, qk_rot.data(), m, s.num_heads + s.num_kv_heads, s.head_dim);
+    gather_rows(qk_rot.data(), qk_dim, q.data(), m, q_dim);
+    gather_rows(qk_rot.data() + q_dim, qk_dim, k.data(), m, kv_dim);
+    gather_rows(qkv.data() + qk_dim, qkv_dim, v.data(), m, kv_dim);
+    bad_slots += kv_store_cpu(k.data(), v.data(), L.k_pool, L.v_pool, a.slot_mapping, m,
+                              static_cast<int64_t>(sizeof(float)) * kv_dim, s.num_slots);
+    paged_attention_cpu(q.data(), L.k_pool, L.v_pool, a.block_table, a.max_pages, a.page_size, a.token_seq,
+                        a.key_begin, a.key_end, a.tree_begin, a.tree_mask, att.data(), m, s.num_heads,
+                        s.num_kv_heads, s.head_dim, s.num_slots, s.scale, num_threads);
+    gemm(s, att.data(), L.o, nullptr, tmp.data(), m, s.hidden, q_dim, num_threads);
+    add_inplace(x, tmp.data(), m * s.hidden);
+    rms_norm_cpu(x, L.post_norm, h.data(), m, s.hidden, s.eps);
+    small_mlp(h.data(), L.gate_up, L.down, tmp.data(), m, s.hidden, s.inter, s.bf16_weights, num_threads);
+    add_inplace(x, tmp.data(), m * s.hidden);
+  }
+  if (final_norm != nullptr) {
+    rms_norm_cpu(x, final_norm, out, m, s.hidden, s.eps);
+  } else if (out != x) {
+    std::memcpy(out, x, sizeof(float) * m * s.hidden);
+  }
+  return bad_slots;
+}
+
+}  // namespace sonarspec

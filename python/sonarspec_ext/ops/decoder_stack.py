@@ -1,0 +1,116 @@
+"""``DecoderStack``: a model's Llama decoder layers as one native call per small CPU step.
+
+Per layer: RMSNorm, fused q/k/v GEMM (+ bias), RoPE, KV store into the paged pools,
+paged attention, o GEMM + residual, RMSNorm, gated SiLU MLP + residual; then an optional
+final RMSNorm. The native code calls the kernels the per-op path calls, in the same
+order, so the two agree bit for bit; the stack removes the Python and dispatch work
+between the kernels, which dominates a decoding step of a small model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from .. import _C
+from .checks import check_tensor
+from .elementwise import NATIVE_MAX_ROWS
+from .linear import COMPACT_MAX_ROWS, SMALL_M_MAX_ROWS, native_threads
+
+
+@dataclass
+class LayerTensors:
+    """One decoder layer's inference tensors (norms float32; matrices float32 or bfloat16)."""
+    input_norm: Optional[torch.Tensor]   # (hidden,) or None: no input norm (EAGLE-1 heads)
+    post_norm: torch.Tensor              # (hidden,)
+    qkv: torch.Tensor                    # ((num_heads + 2 * num_kv_heads) * head_dim, hidden)
+    qkv_bias: Optional[torch.Tensor]     # float32 or None
+    o: torch.Tensor                      # (hidden, num_heads * head_dim)
+    gate_up: torch.Tensor                # (2 * inter, hidden): gate rows over up rows
+    down: torch.Tensor                   # (hidden, inter)
+    k_pool: torch.Tensor                 # (num_slots, num_kv_heads, head_dim) float32
+    v_pool: torch.Tensor
+
+
+class DecoderStack:
+    """Validates the layers' tensors once and keeps them alive; ``forward`` runs one step."""
+
+    def __init__(self, layers: Sequence[LayerTensors], num_heads: int, num_kv_heads: int, eps: float):
+        if not layers:
+            raise ValueError("DecoderStack needs at least one layer")
+        hidden = layers[0].post_norm.shape[0]
+        head_dim = layers[0].k_pool.shape[-1]
+        inter = layers[0].down.shape[1]
+        wdtype = layers[0].qkv.dtype
+        if wdtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"DecoderStack weights must be float32 or bfloat16, got {wdtype}")
+        shapes = {"qkv": ((num_heads + 2 * num_kv_heads) * head_dim, hidden), "o": (hidden, num_heads * head_dim),
+                  "gate_up": (2 * inter, hidden), "down": (hidden, inter)}
+        pool_shape = tuple(layers[0].k_pool.shape)
+        if len(pool_shape) != 3 or pool_shape[1] != num_kv_heads:
+            raise ValueError(f"KV pools have shape {list(pool_shape)}, expected [slots, {num_kv_heads}, head_dim]")
+        for i, L in enumerate(layers):
+            for name, shape in shapes.items():
+                t = getattr(L, name)
+                check_tensor(f"layer {i} {name}", t, dtypes=(wdtype,), ndim=2, device=torch.device("cpu"))
+                if tuple(t.shape) != shape:
+                    raise ValueError(f"layer {i} {name} has shape {list(t.shape)}, expected {list(shape)}")
+            for name in ("input_norm", "post_norm", "qkv_bias"):
+                t = getattr(L, name)
+                if t is not None:
+                    check_tensor(f"layer {i} {name}", t, dtypes=(torch.float32,), ndim=1)
+                    want = shapes["qkv"][0] if name == "qkv_bias" else hidden
+                    if t.shape[0] != want:
+                        raise ValueError(f"layer {i} {name} has {t.shape[0]} entries, expected {want}")
+            for name in ("k_pool", "v_pool"):
+                t = getattr(L, name)
+                check_tensor(f"layer {i} {name}", t, dtypes=(torch.float32,), ndim=3, device=torch.device("cpu"))
+                if tuple(t.shape) != pool_shape:
+                    raise ValueError(f"layer {i} {name} has shape {list(t.shape)}, expected {list(pool_shape)}")
+        self.layers, self.hidden, self.eps = list(layers), hidden, float(eps)
+        self.compact = wdtype == torch.bfloat16
+        # Rows up to which every op of the per-op path runs natively (and so this stack may).
+        self.max_rows = min(COMPACT_MAX_ROWS if self.compact else SMALL_M_MAX_ROWS, NATIVE_MAX_ROWS)
+        p = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+        self._native = _C.DecoderStack(
+            hidden, num_heads, num_kv_heads, head_dim, inter, pool_shape[0], float(eps), float(head_dim ** -0.5),
+            self.compact, [(p(L.input_norm), p(L.post_norm), p(L.qkv), p(L.qkv_bias), p(L.o), p(L.gate_up),
+                            p(L.down), p(L.k_pool), p(L.v_pool)) for L in layers])
+
+    def accepts(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` is a step this stack runs: float32 CPU rows, at most ``max_rows``."""
+        return (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2
+                and x.shape[1] == self.hidden and 0 < x.shape[0] <= self.max_rows
+                and not (torch.is_grad_enabled() and x.requires_grad))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
+                block_table: torch.Tensor, page_size: int, token_seq: torch.Tensor, key_begin: torch.Tensor,
+                key_end: torch.Tensor, tree_begin: Optional[torch.Tensor] = None,
+                tree_mask: Optional[torch.Tensor] = None, final_norm: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (m, hidden) -> final_norm(layers(x)) (m, hidden); ``x`` is left unchanged. cos, sin
+        (m, 1, head_dim // 2); the rest is the step's paged-attention metadata (int64, see
+        ``ops.paged_attention``); the new tokens' K/V are written to the pools (slots outside
+        them skipped, as ``ops.kv_store`` does: negative slots mark padding)."""
+        if not self.accepts(x):
+            raise ValueError(f"DecoderStack runs float32 CPU inputs of shape (1..{self.max_rows}, {self.hidden}), "
+                             f"got {x.dtype} {list(x.shape)} on {x.device}")
+        m = x.shape[0]
+        half = self.layers[0].k_pool.shape[-1] // 2
+        for name, t in (("cos", cos), ("sin", sin)):
+            check_tensor(name, t, dtypes=(torch.float32,))
+            if t.numel() != m * half:
+                raise ValueError(f"{name} has shape {list(t.shape)}, expected [{m}, 1, {half}]")
+        for name, t in (("slot_mapping", slot_mapping), ("token_seq", token_seq), ("key_begin", key_begin),
+                        ("key_end", key_end)):
+            if t.dtype != torch.int64 or t.shape != (m,) or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous int64 tensor of shape [{m}]")
+        if final_norm is not None and (final_norm.dtype != torch.float32 or final_norm.shape != (self.hidden,)):
+            raise ValueError(f"final_norm must be a float32 tensor of shape [{self.hidden}]")
+        out = x.contiguous().clone()
+        self._native.forward(
+            out.data_ptr(), m, cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(), block_table.data_ptr(),
+            block_table.shape[1], page_size, token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(),
+            0 if tree_begin is None else tree_begin.data_ptr(), 0 if tree_mask is None else tree_mask.data_ptr(),
+            0 if final_norm is None else final_norm.data_ptr(), out.data_ptr(), native_threads())
+        return out
