@@ -13,7 +13,7 @@ from sonarspec_ext.engine.kv_cache import KVCache
 from sonarspec_ext.engine.metadata import TreeBlock, build_metadata
 from sonarspec_ext.layers.attention import TorchPagedAttention
 from sonarspec_ext.models.loader import load_model
-from sonarspec_ext.ops.decoder_stack import DecoderStack, LayerTensors
+from sonarspec_ext.ops.decoder_stack import DecoderStack, LayerTensors, ModelTensors
 from sonarspec_ext.ops.linear import native_gemm_threads
 
 PAGE = 4
@@ -120,18 +120,32 @@ def test_stack_refuses_what_it_cannot_run(tmp_path):
     assert not stack.accepts(torch.zeros(9, cfg.hidden_size))
     assert not stack.accepts(torch.zeros(2, cfg.hidden_size, dtype=torch.float64))
     with pytest.raises(ValueError, match="DecoderStack runs float32 CPU inputs"):
-        stack.forward(torch.zeros(9, cfg.hidden_size), *([None] * 8))
+        stack.forward(torch.zeros(9, cfg.hidden_size), *([None] * 7))
+    meta, _ = build_metadata(_rows([2], [3]), PAGE, "cpu", native_attention=True)
+    far = torch.tensor([3, cfg.max_position_embeddings])
+    with pytest.raises(ValueError, match="outside the RoPE tables"):
+        stack.forward(torch.zeros(2, cfg.hidden_size), far, meta.slot_mapping, meta.block_table, PAGE, *meta.native)
+    with pytest.raises(ValueError, match="positions must be a contiguous int64"):
+        stack.forward(torch.zeros(2, cfg.hidden_size), far.int(), meta.slot_mapping, meta.block_table, PAGE,
+                      *meta.native)
     layer = model.model.layers[0]
     t = LayerTensors(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, layer.self_attn.qkv[0],
                      None, layer.self_attn.o_proj.weight, layer.mlp.gate_up[0], layer.mlp.down_proj.weight,
                      *kv.layer(0))
+    rope = ModelTensors(model.rotary.cos, model.rotary.sin)
     with pytest.raises(ValueError, match=r"layer 0 qkv has shape \[128, 64\], expected \[144, 64\]"):
-        DecoderStack([t], cfg.num_attention_heads + 1, cfg.num_key_value_heads, 1e-5)
+        DecoderStack([t], rope, cfg.num_attention_heads + 1, cfg.num_key_value_heads, 1e-5)
     with pytest.raises(ValueError, match="dtype"):
-        DecoderStack([LayerTensors(**{**t.__dict__, "k_pool": kv.k[0].double()})], cfg.num_attention_heads,
+        DecoderStack([LayerTensors(**{**t.__dict__, "k_pool": kv.k[0].double()})], rope, cfg.num_attention_heads,
+                     cfg.num_key_value_heads, 1e-5)
+    with pytest.raises(ValueError, match="cos table has shape"):
+        DecoderStack([t], ModelTensors(model.rotary.cos[:, :3].contiguous(), model.rotary.sin), cfg.num_attention_heads,
+                     cfg.num_key_value_heads, 1e-5)
+    with pytest.raises(ValueError, match="fc has shape"):
+        DecoderStack([t], ModelTensors(model.rotary.cos, model.rotary.sin, fc=t.o), cfg.num_attention_heads,
                      cfg.num_key_value_heads, 1e-5)
     with pytest.raises(ValueError, match="at least one layer"):
-        DecoderStack([], 4, 2, 1e-5)
+        DecoderStack([], rope, 4, 2, 1e-5)
     # Layers whose projections are not fused (training modules) run op by op.
     unfused = load_model(str(tmp_path / "m"))
     for layer in unfused.model.layers:
@@ -139,3 +153,15 @@ def test_stack_refuses_what_it_cannot_run(tmp_path):
     assert unfused.native_stack(kv) is None
     # A bfloat16 model (SDPA attention, no native metadata) has none either.
     assert load_model(str(tmp_path / "m"), dtype="bfloat16").native_stack(kv) is None
+
+
+def test_an_mtp_stack_needs_features(llama_dir):
+    head = random_head(llama_dir, "rmsnorm")
+    head.eval().requires_grad_(False)
+    head.fuse_projections()
+    kv = _cache(head.config, torch.Generator())
+    stack = head.native_stack(kv)
+    meta, positions = build_metadata(_rows([1], [3]), PAGE, "cpu", native_attention=True)
+    with pytest.raises(ValueError, match="pass features"):
+        stack.forward(torch.zeros(1, head.config.hidden_size), positions, meta.slot_mapping, meta.block_table, PAGE,
+                      *meta.native)

@@ -20,12 +20,16 @@ namespace {
 // Pointers of one layer: input_norm, post_norm, qkv, qkv_bias, o, gate_up, down, k_pool, v_pool.
 using LayerPointers = std::array<uintptr_t, 9>;
 
+// Model-level pointers: cos_table, sin_table, fc, fc_bias, enorm, hnorm, final_norm.
+using ModelPointers = std::array<uintptr_t, 7>;
+
 class DecoderStack {
  public:
   DecoderStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t inter,
-               int64_t num_slots, float eps, float scale, bool bf16_weights, const std::vector<LayerPointers>& layers) {
+               int64_t num_slots, float eps, float scale, bool bf16_weights, const std::vector<LayerPointers>& layers,
+               const ModelPointers& model, int64_t max_positions) {
     if (hidden <= 0 || num_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 || inter <= 0 ||
-        num_slots <= 0 || num_heads % num_kv_heads) {
+        num_slots <= 0 || num_heads % num_kv_heads || max_positions <= 0 || model[0] == 0 || model[1] == 0) {
       throw std::invalid_argument("DecoderStack: invalid shape");
     }
     shape_ = {hidden, num_heads, num_kv_heads, head_dim, inter, num_slots, eps, scale, bf16_weights};
@@ -45,11 +49,22 @@ class DecoderStack {
       w.v_pool = reinterpret_cast<float*>(p[8]);
       layers_.push_back(w);
     }
+    weights_.layers = layers_.data();
+    weights_.num_layers = static_cast<int64_t>(layers_.size());
+    weights_.cos_table = reinterpret_cast<const float*>(model[0]);
+    weights_.sin_table = reinterpret_cast<const float*>(model[1]);
+    weights_.max_positions = max_positions;
+    weights_.fc = reinterpret_cast<const void*>(model[2]);
+    weights_.fc_bias = reinterpret_cast<const float*>(model[3]);
+    weights_.enorm = reinterpret_cast<const float*>(model[4]);
+    weights_.hnorm = reinterpret_cast<const float*>(model[5]);
+    weights_.final_norm = reinterpret_cast<const float*>(model[6]);
   }
 
-  int64_t forward(uintptr_t x, int64_t m, uintptr_t cos, uintptr_t sin, uintptr_t slot_mapping, uintptr_t block_table,
-                  int64_t max_pages, int64_t page_size, uintptr_t token_seq, uintptr_t key_begin, uintptr_t key_end,
-                  uintptr_t tree_begin, uintptr_t tree_mask, uintptr_t final_norm, uintptr_t out, int num_threads) {
+  int64_t forward(uintptr_t x, uintptr_t features, int64_t m, uintptr_t positions, uintptr_t slot_mapping,
+                  uintptr_t block_table, int64_t max_pages, int64_t page_size, uintptr_t token_seq, uintptr_t key_begin,
+                  uintptr_t key_end, uintptr_t tree_begin, uintptr_t tree_mask, uintptr_t out, int num_threads) {
+    if (weights_.fc != nullptr && features == 0) throw std::invalid_argument("DecoderStack: an MTP head needs features");
     auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
     StepAttention a;
     a.slot_mapping = i(slot_mapping);
@@ -62,9 +77,8 @@ class DecoderStack {
     a.tree_begin = i(tree_begin);
     a.tree_mask = i(tree_mask);
     py::gil_scoped_release release;
-    return decoder_stack_forward(layers_.data(), static_cast<int64_t>(layers_.size()), shape_,
-                                 reinterpret_cast<float*>(x), m, reinterpret_cast<const float*>(cos),
-                                 reinterpret_cast<const float*>(sin), a, reinterpret_cast<const float*>(final_norm),
+    return decoder_stack_forward(weights_, shape_, reinterpret_cast<float*>(x),
+                                 reinterpret_cast<const float*>(features), m, i(positions), a,
                                  reinterpret_cast<float*>(out), num_threads);
   }
 
@@ -73,6 +87,7 @@ class DecoderStack {
  private:
   DecoderShape shape_;
   std::vector<DecoderLayerWeights> layers_;
+  DecoderStackWeights weights_;
 };
 
 }  // namespace
@@ -81,12 +96,13 @@ void bind_decoder_stack(py::module_& m) {
   py::class_<DecoderStack>(m, "DecoderStack",
                            "Llama decoder layers as one native call for small float32 CPU steps (raw pointers).")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool,
-                    const std::vector<LayerPointers>&>(),
+                    const std::vector<LayerPointers>&, const ModelPointers&, int64_t>(),
            py::arg("hidden"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("inter"),
-           py::arg("num_slots"), py::arg("eps"), py::arg("scale"), py::arg("bf16_weights"), py::arg("layers"))
+           py::arg("num_slots"), py::arg("eps"), py::arg("scale"), py::arg("bf16_weights"), py::arg("layers"),
+           py::arg("model"), py::arg("max_positions"))
       .def("forward", &DecoderStack::forward,
-           "Runs every layer over x (m, hidden) in place and writes final_norm(x) to out; returns the number of "
-           "tokens with an out-of-range KV slot.")
+           "Runs the stack over x (m, hidden) in place (an MTP head's input projection with features first) and "
+           "writes final_norm(x) to out; returns the number of tokens with an out-of-range KV slot.")
       .def_property_readonly("num_layers", &DecoderStack::num_layers);
 }
 

@@ -1,6 +1,7 @@
 // A stack of Llama decoder layers run as one native call for small CPU steps (decode,
-// verification, draft steps): per layer RMSNorm, fused q/k/v GEMM (+ bias), RoPE, KV
-// store into the paged pools, paged attention, o GEMM + residual, RMSNorm, gated SiLU
+// verification, draft steps): RoPE angles gathered from the tables, an MTP head's input
+// projection when there is one, then per layer RMSNorm, fused q/k/v GEMM (+ bias), RoPE,
+// KV store into the paged pools, paged attention, o GEMM + residual, RMSNorm, gated SiLU
 // MLP + residual; then an optional final RMSNorm. It calls the same kernels in the same
 // order as the per-op path (small_gemm, rope_cpu, kv_store_cpu, paged_attention_cpu,
 // small_mlp, rms_norm_cpu), so both give bit-identical results; what it removes is the
@@ -42,12 +43,31 @@ struct StepAttention {
   const int64_t* tree_mask = nullptr;
 };
 
-// x: (m, hidden) residual stream, updated in place; cos, sin: (m, head_dim / 2); out:
-// (m, hidden) = final_norm(x) (a copy of x when final_norm is null); out may be x. Returns
-// the number of tokens whose KV slot was out of range (skipped, as kv_store_cpu does:
-// negative slots mark padding), summed over layers.
-int64_t decoder_stack_forward(const DecoderLayerWeights* layers, int64_t num_layers, const DecoderShape& shape,
-                              float* x, int64_t m, const float* cos, const float* sin, const StepAttention& attn,
-                              const float* final_norm, float* out, int num_threads);
+// What is fixed per model besides its layers: RoPE tables, an optional MTP-head input
+// projection and an optional final norm.
+struct DecoderStackWeights {
+  const DecoderLayerWeights* layers = nullptr;
+  int64_t num_layers = 0;
+  const float* cos_table = nullptr;  // (max_positions, head_dim / 2)
+  const float* sin_table = nullptr;
+  int64_t max_positions = 0;
+  // MTP heads: x = fc(cat(enorm(x), hnorm(features))) (+ fc_bias) before the layers;
+  // enorm/hnorm null for EAGLE-1 heads. fc null: no input projection.
+  const void* fc = nullptr;          // (hidden, 2 hidden)
+  const float* fc_bias = nullptr;
+  const float* enorm = nullptr;
+  const float* hnorm = nullptr;
+  const float* final_norm = nullptr;  // (hidden,) or null
+};
+
+// x: (m, hidden) input rows (token embeddings), used as the residual stream and so
+// overwritten; features: (m, hidden) for an MTP head's input projection, else null;
+// positions: (m,) RoPE positions. out: (m, hidden) = final_norm(x) (x itself when there is
+// no final norm; out may be x). Throws std::out_of_range for a position outside the RoPE
+// tables. Returns the number of tokens whose KV slot was out of range (skipped, as
+// kv_store_cpu does: negative slots mark padding), summed over layers.
+int64_t decoder_stack_forward(const DecoderStackWeights& weights, const DecoderShape& shape, float* x,
+                              const float* features, int64_t m, const int64_t* positions,
+                              const StepAttention& attn, float* out, int num_threads);
 
 }  // namespace sonarspec

@@ -3,6 +3,8 @@
 
 #include <cstddef>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "sonarspec/elementwise.h"
@@ -34,14 +36,41 @@ void gather_rows(const float* src, int64_t src_stride, float* dst, int64_t rows,
 
 }  // namespace
 
-int64_t decoder_stack_forward(const DecoderLayerWeights* layers, int64_t num_layers, const DecoderShape& s,
-                              float* x, int64_t m, const float* cos, const float* sin, const StepAttention& a,
-                              const float* final_norm, float* out, int num_threads) {
+int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& s, float* x, const float* features,
+                              int64_t m, const int64_t* positions, const StepAttention& a, float* out,
+                              int num_threads) {
   const int64_t q_dim = s.num_heads * s.head_dim, kv_dim = s.num_kv_heads * s.head_dim;
-  const int64_t qk_dim = q_dim + kv_dim, qkv_dim = qk_dim + kv_dim;
-  thread_local std::vector<float> h, qkv, qk, qk_rot, q, k, v, att, tmp;
-  h.resize(static_cast<size_t>(m * s.hidden));
+  const int64_t qk_dim = q_dim + kv_dim, qkv_dim = qk_dim + kv_dim, half = s.head_dim / 2;
+  thread_local std::vector<float> h, qkv, qk, qk_rot, q, k, v, att, tmp, cos, sin;
+  for (int64_t t = 0; t < m; ++t) {
+    if (positions[t] < 0 || positions[t] >= w.max_positions) {
+      throw std::out_of_range("position " + std::to_string(positions[t]) + " is outside the RoPE tables (" +
+                              std::to_string(w.max_positions) + " positions)");
+    }
+  }
+  cos.resize(static_cast<size_t>(m * half));
+  sin.resize(static_cast<size_t>(m * half));
+  for (int64_t t = 0; t < m; ++t) {
+    std::memcpy(cos.data() + t * half, w.cos_table + positions[t] * half, sizeof(float) * half);
+    std::memcpy(sin.data() + t * half, w.sin_table + positions[t] * half, sizeof(float) * half);
+  }
+  h.resize(static_cast<size_t>(m * 2 * s.hidden));
   tmp.resize(static_cast<size_t>(m * s.hidden));
+  if (w.fc != nullptr) {  // x = fc(cat(enorm(x), hnorm(features)))
+    for (int64_t t = 0; t < m; ++t) {
+      float* row = h.data() + t * 2 * s.hidden;
+      const float* e = x + t * s.hidden;
+      const float* f = features + t * s.hidden;
+      if (w.enorm != nullptr) {
+        rms_norm_cpu(e, w.enorm, row, 1, s.hidden, s.eps);
+        rms_norm_cpu(f, w.hnorm, row + s.hidden, 1, s.hidden, s.eps);
+      } else {
+        std::memcpy(row, e, sizeof(float) * s.hidden);
+        std::memcpy(row + s.hidden, f, sizeof(float) * s.hidden);
+      }
+    }
+    gemm(s, h.data(), w.fc, w.fc_bias, x, m, s.hidden, 2 * s.hidden, num_threads);
+  }
   qkv.resize(static_cast<size_t>(m * qkv_dim));
   qk.resize(static_cast<size_t>(m * qk_dim));
   qk_rot.resize(static_cast<size_t>(m * qk_dim));
@@ -50,8 +79,8 @@ int64_t decoder_stack_forward(const DecoderLayerWeights* layers, int64_t num_lay
   v.resize(static_cast<size_t>(m * kv_dim));
   att.resize(static_cast<size_t>(m * q_dim));
   int64_t bad_slots = 0;
-  for (int64_t l = 0; l < num_layers; ++l) {
-    const DecoderLayerWeights& L = layers[l];
+  for (int64_t l = 0; l < w.num_layers; ++l) {
+    const DecoderLayerWeights& L = w.layers[l];
     const float* in = x;
     if (L.input_norm != nullptr) {
       rms_norm_cpu(x, L.input_norm, h.data(), m, s.hidden, s.eps);
@@ -59,7 +88,7 @@ int64_t decoder_stack_forward(const DecoderLayerWeights* layers, int64_t num_lay
     }
     gemm(s, in, L.qkv, L.qkv_bias, qkv.data(), m, qkv_dim, s.hidden, num_threads);
     gather_rows(qkv.data(), qkv_dim, qk.data(), m, qk_dim);   // cat(q, k) per token
-    rope_cpu(qk.data(), cos, sin, qk_rot.data(), m, s.num_heads + s.num_kv_heads, s.head_dim);
+    rope_cpu(qk.data(), cos.data(), sin.data(), qk_rot.data(), m, s.num_heads + s.num_kv_heads, s.head_dim);
     gather_rows(qk_rot.data(), qk_dim, q.data(), m, q_dim);
     gather_rows(qk_rot.data() + q_dim, qk_dim, k.data(), m, kv_dim);
     gather_rows(qkv.data() + qk_dim, qkv_dim, v.data(), m, kv_dim);
@@ -74,8 +103,8 @@ int64_t decoder_stack_forward(const DecoderLayerWeights* layers, int64_t num_lay
     small_mlp(h.data(), L.gate_up, L.down, tmp.data(), m, s.hidden, s.inter, s.bf16_weights, num_threads);
     add_inplace(x, tmp.data(), m * s.hidden);
   }
-  if (final_norm != nullptr) {
-    rms_norm_cpu(x, final_norm, out, m, s.hidden, s.eps);
+  if (w.final_norm != nullptr) {
+    rms_norm_cpu(x, w.final_norm, out, m, s.hidden, s.eps);
   } else if (out != x) {
     std::memcpy(out, x, sizeof(float) * m * s.hidden);
   }

@@ -20,11 +20,11 @@ class AttentionBackend:
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def run_stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  final_norm=None) -> Optional[torch.Tensor]:
-        """All decoder layers of the model at once, then ``final_norm`` (an ``RMSNorm`` or
-        None), through a native ``DecoderStack``; None when this backend or step has none:
-        the model then runs its layers one by one."""
+    def run_stack(self, x: torch.Tensor, positions: torch.Tensor,
+                  features: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """The whole model from token embeddings ``x`` (and, for an MTP head, ``features``)
+        to its final hidden states in one native call (an ``ops.DecoderStack``), or None when
+        this backend or step has none: the model then runs its layers one by one."""
         return None
 
 
@@ -82,13 +82,11 @@ class TorchPagedAttention(AttentionBackend):
     def __init__(self, kv_cache, meta: PagedAttentionMetadata, stack=None):
         self.kv_cache, self.meta, self.stack = kv_cache, meta, stack
 
-    def run_stack(self, x, cos, sin, final_norm=None):
+    def run_stack(self, x, positions, features=None):
         m, stack = self.meta, self.stack
-        if (stack is None or m.native is None or not stack.accepts(x)
-                or (final_norm is not None and final_norm.eps != stack.eps)):
+        if stack is None or m.native is None or not stack.accepts(x):
             return None
-        return stack.forward(x, cos, sin, m.slot_mapping, m.block_table, m.page_size, *m.native,
-                             final_norm=None if final_norm is None else final_norm.weight)
+        return stack.forward(x, positions, m.slot_mapping, m.block_table, m.page_size, *m.native, features=features)
 
     def attend(self, layer_idx, q, k, v):
         m = self.meta

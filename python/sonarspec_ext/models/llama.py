@@ -15,7 +15,7 @@ from torch import nn
 from ..layers.attention import AttentionBackend
 from ..layers.linear import Linear
 from ..ops.elementwise import apply_rope
-from ..ops.decoder_stack import DecoderStack, LayerTensors
+from ..ops.decoder_stack import DecoderStack, LayerTensors, ModelTensors
 from ..ops.linear import padded_linear, padded_mlp
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
@@ -99,11 +99,13 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def native_stack(layers, kv_cache) -> Optional[DecoderStack]:
-    """``layers`` as one ``ops.DecoderStack`` on ``kv_cache``'s float32 CPU pools, or None
-    when they cannot run as one (projections not fused, biases outside q/k/v, bfloat16
-    activations, CUDA): the per-op path then runs them."""
-    tensors, eps = [], set()
+def native_stack(layers, kv_cache, rotary: RotaryEmbedding, final_norm: Optional[RMSNorm],
+                 head_input: Optional[tuple] = None) -> Optional[DecoderStack]:
+    """``layers`` (then ``final_norm``) as one ``ops.DecoderStack`` on ``kv_cache``'s float32
+    CPU pools, or None when they cannot run as one (projections not fused, biases outside
+    q/k/v, bfloat16 activations, CUDA): the per-op path then runs them. ``head_input``:
+    an MTP head's (enorm, hnorm, fc) - norms None for EAGLE-1 heads."""
+    tensors, norms = [], [final_norm]
     for layer in layers:
         a, mlp = layer.self_attn, layer.mlp
         if (a.qkv is None or mlp.gate_up is None or mlp.gate_up[1] is not None or a.o_proj.bias is not None
@@ -113,16 +115,25 @@ def native_stack(layers, kv_cache) -> Optional[DecoderStack]:
         if not isinstance(post_norm, RMSNorm) or not isinstance(in_norm, (RMSNorm, nn.Identity)):
             return None
         in_norm = in_norm if isinstance(in_norm, RMSNorm) else None
-        eps.update(n.eps for n in (in_norm, post_norm) if n is not None)
+        norms += [in_norm, post_norm]
         k_pool, v_pool = kv_cache.layer(a.layer_idx)
         tensors.append(LayerTensors(
-            input_norm=None if in_norm is None else in_norm.weight, post_norm=post_norm.weight, qkv=a.qkv[0], qkv_bias=a.qkv[1], o=a.o_proj.weight,
+            input_norm=None if in_norm is None else in_norm.weight, post_norm=post_norm.weight,
+            qkv=a.qkv[0], qkv_bias=a.qkv[1], o=a.o_proj.weight,
             gate_up=mlp.gate_up[0], down=mlp.down_proj.weight, k_pool=k_pool, v_pool=v_pool))
+    enorm, hnorm, fc = head_input or (None, None, None)
+    norms += [enorm, hnorm]
+    if not all(n is None or isinstance(n, RMSNorm) for n in norms):
+        return None
+    eps = {n.eps for n in norms if n is not None}
     if len(eps) != 1:
         return None
+    w = lambda n: None if n is None else n.weight  # noqa: E731
+    model = ModelTensors(rotary.cos, rotary.sin, fc=w(fc), fc_bias=None if fc is None else fc.bias,
+                         enorm=w(enorm), hnorm=w(hnorm), final_norm=w(final_norm))
     first = layers[0].self_attn
     try:
-        return DecoderStack(tensors, first.num_heads, first.num_kv_heads, eps.pop())
+        return DecoderStack(tensors, model, first.num_heads, first.num_kv_heads, eps.pop())
     except ValueError:
         return None
 
@@ -151,17 +162,18 @@ class LlamaForCausalLM(nn.Module):
         """``input_ids``, ``positions``: (num_tokens,) -> final-norm hidden states
         (num_tokens, hidden_size). Logits are computed separately, only where needed."""
         x = self.model.embed_tokens(input_ids).to(self.compute_dtype)
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        out = attn.run_stack(x, cos, sin, self.model.norm)
+        out = attn.run_stack(x, positions)
         if out is not None:
             return out
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, attn)
         return self.model.norm(x)
 
     def native_stack(self, kv_cache) -> Optional[DecoderStack]:
-        """The decoder layers as one native call on ``kv_cache`` (see ``native_stack``)."""
-        return native_stack(self.model.layers, kv_cache)
+        """The decoder layers and final norm as one native call on ``kv_cache`` (see
+        ``native_stack``)."""
+        return native_stack(self.model.layers, kv_cache, self.rotary, self.model.norm)
 
     @property
     def compute_dtype(self) -> torch.dtype:

@@ -85,19 +85,20 @@ class MTPHead(nn.Module):
         """``input_ids`` (n,) = t_{i+1}, ``features`` (n, hidden) = h_i, ``positions`` (n,) = i
         -> predicted features (n, hidden) for positions i + 1."""
         e, h = self.embed(input_ids).to(self.compute_dtype), features.to(self.compute_dtype)
+        out = attn.run_stack(e, positions, h)
+        if out is not None:
+            return out
         if self.enorm is not None:
             e, h = self.enorm(e), self.hnorm(h)
         x = self.fc(torch.cat([e, h], dim=-1))
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        out = attn.run_stack(x, cos, sin, self.norm)
-        if out is not None:
-            return out
         x = self.layer(x, cos, sin, attn)
         return self.norm(x) if self.norm is not None else x
 
     def native_stack(self, kv_cache):
-        """The head's decoder layer as one native call on ``kv_cache`` (or None)."""
-        return native_stack([self.layer], kv_cache)
+        """The head (input projection, decoder layer, final norm) as one native call on
+        ``kv_cache`` (or None)."""
+        return native_stack([self.layer], kv_cache, self.rotary, self.norm, (self.enorm, self.hnorm, self.fc))
 
     @property
     def compute_dtype(self) -> torch.dtype:

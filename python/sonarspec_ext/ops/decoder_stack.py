@@ -1,6 +1,7 @@
 """``DecoderStack``: a model's Llama decoder layers as one native call per small CPU step.
 
-Per layer: RMSNorm, fused q/k/v GEMM (+ bias), RoPE, KV store into the paged pools,
+RoPE angles from the tables, an MTP head's input projection when there is one, then per
+layer: RMSNorm, fused q/k/v GEMM (+ bias), RoPE, KV store into the paged pools,
 paged attention, o GEMM + residual, RMSNorm, gated SiLU MLP + residual; then an optional
 final RMSNorm. The native code calls the kernels the per-op path calls, in the same
 order, so the two agree bit for bit; the stack removes the Python and dispatch work
@@ -33,10 +34,25 @@ class LayerTensors:
     v_pool: torch.Tensor
 
 
-class DecoderStack:
-    """Validates the layers' tensors once and keeps them alive; ``forward`` runs one step."""
+@dataclass
+class ModelTensors:
+    """What a stack needs besides its layers (float32): RoPE tables (max_positions,
+    head_dim // 2), an MTP head's input projection ``x = fc(cat(enorm(x), hnorm(features)))
+    (+ fc_bias)`` (``fc`` None: none; norms None: EAGLE-1 heads) and a final norm."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+    fc: Optional[torch.Tensor] = None         # (hidden, 2 * hidden), the layers' weight dtype
+    fc_bias: Optional[torch.Tensor] = None
+    enorm: Optional[torch.Tensor] = None
+    hnorm: Optional[torch.Tensor] = None
+    final_norm: Optional[torch.Tensor] = None
 
-    def __init__(self, layers: Sequence[LayerTensors], num_heads: int, num_kv_heads: int, eps: float):
+
+class DecoderStack:
+    """Validates the tensors once and keeps them alive; ``forward`` runs one step."""
+
+    def __init__(self, layers: Sequence[LayerTensors], model: ModelTensors, num_heads: int, num_kv_heads: int,
+                 eps: float):
         if not layers:
             raise ValueError("DecoderStack needs at least one layer")
         hidden = layers[0].post_norm.shape[0]
@@ -68,7 +84,25 @@ class DecoderStack:
                 check_tensor(f"layer {i} {name}", t, dtypes=(torch.float32,), ndim=3, device=torch.device("cpu"))
                 if tuple(t.shape) != pool_shape:
                     raise ValueError(f"layer {i} {name} has shape {list(t.shape)}, expected {list(pool_shape)}")
-        self.layers, self.hidden, self.eps = list(layers), hidden, float(eps)
+        half = head_dim // 2
+        for name in ("cos", "sin"):
+            t = getattr(model, name)
+            check_tensor(name, t, dtypes=(torch.float32,), ndim=2, device=torch.device("cpu"))
+            if t.shape[1] != half or t.shape != model.cos.shape:
+                raise ValueError(f"{name} table has shape {list(t.shape)}, expected [max_positions, {half}]")
+        if model.fc is not None:
+            check_tensor("fc", model.fc, dtypes=(wdtype,), ndim=2, device=torch.device("cpu"))
+            if tuple(model.fc.shape) != (hidden, 2 * hidden):
+                raise ValueError(f"fc has shape {list(model.fc.shape)}, expected [{hidden}, {2 * hidden}]")
+            if (model.enorm is None) != (model.hnorm is None):
+                raise ValueError("enorm and hnorm go together: pass both or neither")
+        for name in ("fc_bias", "enorm", "hnorm", "final_norm"):
+            t = getattr(model, name)
+            if t is not None:
+                check_tensor(name, t, dtypes=(torch.float32,), ndim=1)
+                if t.shape[0] != hidden:
+                    raise ValueError(f"{name} has {t.shape[0]} entries, expected {hidden}")
+        self.layers, self.model, self.hidden, self.half = list(layers), model, hidden, half
         self.compact = wdtype == torch.bfloat16
         # Rows up to which every op of the per-op path runs natively (and so this stack may).
         self.max_rows = min(COMPACT_MAX_ROWS if self.compact else SMALL_M_MAX_ROWS, NATIVE_MAX_ROWS)
@@ -76,7 +110,9 @@ class DecoderStack:
         self._native = _C.DecoderStack(
             hidden, num_heads, num_kv_heads, head_dim, inter, pool_shape[0], float(eps), float(head_dim ** -0.5),
             self.compact, [(p(L.input_norm), p(L.post_norm), p(L.qkv), p(L.qkv_bias), p(L.o), p(L.gate_up),
-                            p(L.down), p(L.k_pool), p(L.v_pool)) for L in layers])
+                            p(L.down), p(L.k_pool), p(L.v_pool)) for L in layers],
+            tuple(p(getattr(model, n)) for n in ("cos", "sin", "fc", "fc_bias", "enorm", "hnorm", "final_norm")),
+            model.cos.shape[0])
 
     def accepts(self, x: torch.Tensor) -> bool:
         """Whether ``x`` is a step this stack runs: float32 CPU rows, at most ``max_rows``."""
@@ -84,33 +120,37 @@ class DecoderStack:
                 and x.shape[1] == self.hidden and 0 < x.shape[0] <= self.max_rows
                 and not (torch.is_grad_enabled() and x.requires_grad))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 block_table: torch.Tensor, page_size: int, token_seq: torch.Tensor, key_begin: torch.Tensor,
                 key_end: torch.Tensor, tree_begin: Optional[torch.Tensor] = None,
-                tree_mask: Optional[torch.Tensor] = None, final_norm: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x (m, hidden) -> final_norm(layers(x)) (m, hidden); ``x`` is left unchanged. cos, sin
-        (m, 1, head_dim // 2); the rest is the step's paged-attention metadata (int64, see
+                tree_mask: Optional[torch.Tensor] = None, features: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (m, hidden) token embeddings -> final_norm(layers(x)) (m, hidden), ``x`` left
+        unchanged; an MTP head first projects x with ``features`` (m, hidden). positions (m,)
+        int64 (RoPE); the rest is the step's paged-attention metadata (int64, see
         ``ops.paged_attention``); the new tokens' K/V are written to the pools (slots outside
         them skipped, as ``ops.kv_store`` does: negative slots mark padding)."""
         if not self.accepts(x):
             raise ValueError(f"DecoderStack runs float32 CPU inputs of shape (1..{self.max_rows}, {self.hidden}), "
                              f"got {x.dtype} {list(x.shape)} on {x.device}")
         m = x.shape[0]
-        half = self.layers[0].k_pool.shape[-1] // 2
-        for name, t in (("cos", cos), ("sin", sin)):
-            check_tensor(name, t, dtypes=(torch.float32,))
-            if t.numel() != m * half:
-                raise ValueError(f"{name} has shape {list(t.shape)}, expected [{m}, 1, {half}]")
-        for name, t in (("slot_mapping", slot_mapping), ("token_seq", token_seq), ("key_begin", key_begin),
-                        ("key_end", key_end)):
+        for name, t in (("positions", positions), ("slot_mapping", slot_mapping), ("token_seq", token_seq),
+                        ("key_begin", key_begin), ("key_end", key_end)):
             if t.dtype != torch.int64 or t.shape != (m,) or not t.is_contiguous():
                 raise ValueError(f"{name} must be a contiguous int64 tensor of shape [{m}]")
-        if final_norm is not None and (final_norm.dtype != torch.float32 or final_norm.shape != (self.hidden,)):
-            raise ValueError(f"final_norm must be a float32 tensor of shape [{self.hidden}]")
+        if self.model.fc is not None:
+            if features is None:
+                raise ValueError("this stack is an MTP head's: pass features")
+            check_tensor("features", features, dtypes=(torch.float32,), ndim=2)
+            if features.shape != x.shape:
+                raise ValueError(f"features have shape {list(features.shape)}, expected {list(x.shape)}")
         out = x.contiguous().clone()
-        self._native.forward(
-            out.data_ptr(), m, cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(), block_table.data_ptr(),
-            block_table.shape[1], page_size, token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(),
-            0 if tree_begin is None else tree_begin.data_ptr(), 0 if tree_mask is None else tree_mask.data_ptr(),
-            0 if final_norm is None else final_norm.data_ptr(), out.data_ptr(), native_threads())
+        try:
+            self._native.forward(
+                out.data_ptr(), 0 if features is None else features.data_ptr(), m, positions.data_ptr(),
+                slot_mapping.data_ptr(), block_table.data_ptr(), block_table.shape[1], page_size,
+                token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(),
+                0 if tree_begin is None else tree_begin.data_ptr(), 0 if tree_mask is None else tree_mask.data_ptr(),
+                out.data_ptr(), native_threads())
+        except IndexError as e:
+            raise ValueError(str(e)) from None
         return out
