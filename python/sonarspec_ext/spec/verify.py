@@ -45,6 +45,12 @@ def verify_chain(target_logits: torch.Tensor, draft: Draft, params,
                  generator: Optional[torch.Generator]) -> Tuple[List[int], int]:
     """Host-side result of ``verify_chain_device``: (emitted token ids, number of accepted
     drafts); between 1 and len(draft) + 1 tokens are emitted."""
+    if params.greedy and target_logits.device.type == "cpu":   # no device to stay on: compare on the host
+        best = target_logits.argmax(-1).tolist()
+        a = 0
+        while a < len(draft.token_ids) and draft.token_ids[a] == best[a]:
+            a += 1
+        return best[:a + 1], a
     ids = torch.tensor(draft.token_ids, dtype=torch.long, device=target_logits.device)
     tokens, accepted = verify_chain_device(target_logits, ids, draft.probs, params, generator)
     a = int(accepted)
