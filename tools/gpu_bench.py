@@ -87,6 +87,32 @@ def bench_scatter_and_store(rows: list) -> None:
                  "vs_floor": round(us / floor, 2)})
 
 
+def bench_padded_mlp(rows: list) -> None:
+    """The gated MLP of a Llama-3-8B layer (hidden 4096, intermediate 14336, bfloat16) over
+    D and 2 D tokens: with 64-row tiles both cost the same blocks up to D = 32. torch's
+    F.linear composition is timed beside it."""
+    if not ops.built_with_cutlass():
+        rows.append({"kernel": "padded_mlp", "skipped": "build without the CUTLASS GEMM"})
+        return
+    H, inter = 4096, 14336
+    g = torch.Generator(device="cuda").manual_seed(0)
+    gate_up = (torch.randn(2 * inter, H, device="cuda", generator=g) / H ** 0.5).bfloat16()
+    down = (torch.randn(H, inter, device="cuda", generator=g) / inter ** 0.5).bfloat16()
+    x = torch.randn(128, H, device="cuda", generator=g).bfloat16()
+    F = torch.nn.functional
+
+    def torch_mlp(t):
+        gu = F.linear(t, gate_up)
+        return F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], down)
+    for D in (1, 2, 4, 8, 16, 32, 64):
+        us = {n: cuda_median_us(lambda n=n: ops.padded_mlp(x[:n], gate_up, down)) for n in (D, 2 * D)}
+        ref = {n: cuda_median_us(lambda n=n: torch_mlp(x[:n])) for n in (D, 2 * D)}
+        rows.append({"kernel": "padded_mlp", "tokens": D, "us": round(us[D], 2), "us_2x_tokens": round(us[2 * D], 2),
+                     "ratio_2x": round(us[2 * D] / us[D], 3), "torch_us": round(ref[D], 2),
+                     "torch_us_2x_tokens": round(ref[2 * D], 2), "vs_torch": round(us[D] / ref[D], 3),
+                     "weight_read_floor_us": round(copy_floor_us(3 * H * inter * 2), 2)})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
@@ -97,6 +123,7 @@ def main() -> None:
     bench_sampling(rows)
     bench_tree_sampling(rows)
     bench_scatter_and_store(rows)
+    bench_padded_mlp(rows)
     for r in rows:
         print(json.dumps(r))
     if args.json:

@@ -2,7 +2,10 @@
 # One-shot check on a machine with an NVIDIA GPU (written for an H200; under 8 minutes):
 # builds sonarspec with its CUDA kernels into a private target directory, runs the GPU
 # tests (CUDA kernels against their CPU twins and torch references) and times the CUDA
-# kernels against a device-to-device copy. Results go to $OUT (a temp dir if unset).
+# kernels against a device-to-device copy (and the CUTLASS MLP against torch's). Results
+# go to $OUT (a temp dir if unset). The CUTLASS headers come from third_party/cutlass
+# (bash tools/fetch_cutlass.sh beforehand where the GPU machine has no network; carry
+# third_party/ along).
 #   bash tools/gpu_check.sh
 set -euo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -14,10 +17,11 @@ echo "== build (CUDA arch ${SONARSPEC_CUDA_ARCH:-90})"
 "$PY" -m pip install -q --no-build-isolation --no-deps --target "$site" . 2>&1 | tail -20 | tee "$OUT/build.log"
 export PYTHONPATH="$site"
 "$PY" -c "from sonarspec_ext import _C; i = _C.build_info(); print(i); assert i['cuda'] and _C.cuda_available(), i"
+[ -f third_party/cutlass/include/cutlass/gemm/device/gemm.h ] || echo "note: no CUTLASS headers: the padded GEMM is not built"
 echo "== GPU tests"
 set +e
 "$PY" -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_shifted_scatter.py tests/test_spec_sampling_op.py \
-  tests/test_mtp.py -k "cuda or native or scatter or sampling" 2>&1 | tee "$OUT/tests.log"
+  tests/test_padded_gemm_cuda.py tests/test_mtp.py -k "cuda or native or scatter or sampling or padded" 2>&1 | tee "$OUT/tests.log"
 tests_rc=${PIPESTATUS[0]}
 set -e
 echo "== kernel timings"

@@ -15,6 +15,9 @@
 #ifdef SONARSPEC_WITH_CUDA
 #include "sonarspec/device.h"
 #endif
+#ifdef SONARSPEC_WITH_CUTLASS
+#include "sonarspec/padded_gemm.h"
+#endif
 
 namespace py = pybind11;
 using namespace sonarspec;
@@ -34,6 +37,11 @@ py::dict build_info() {
 #else
   d["cuda"] = false;
   d["cuda_arch"] = py::none();
+#endif
+#ifdef SONARSPEC_WITH_CUTLASS
+  d["cutlass"] = true;
+#else
+  d["cutlass"] = false;
 #endif
   return d;
 }
@@ -164,6 +172,21 @@ void small_gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m
   }
 }
 
+// Returns 0, or kPaddedGemmUnsupported (-1) for a shape the kernel does not take (the
+// caller falls back); raises on a failed launch or in builds without the kernel.
+int padded_gemm_cuda_op(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
+                        int dtype, uintptr_t stream) {
+#ifdef SONARSPEC_WITH_CUTLASS
+  auto p = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  int err = padded_gemm_cuda(p(x), p(w), p(bias), p(y), m, n, k, static_cast<DType>(dtype), p(stream));
+  if (err > 0) throw std::runtime_error(std::string("padded_gemm CUDA launch failed: ") + cuda_error_string(err));
+  return err;
+#else
+  (void)x, (void)w, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)dtype, (void)stream;
+  throw std::runtime_error("sonarspec was built without the CUTLASS GEMM (see tools/fetch_cutlass.sh)");
+#endif
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -178,6 +201,8 @@ PYBIND11_MODULE(_C, m) {
               num_threads);
   }, "Gated SiLU MLP for few rows: small_gemm, silu_and_mul, small_gemm in one call (raw pointers).");
   m.def("small_gemm", &small_gemm, "y = x @ w^T (+ bias), float32 x, float32 or bfloat16 w, few rows of x (raw pointers).");
+  m.def("padded_gemm_cuda", &padded_gemm_cuda_op,
+        "y = x @ w^T (+ bias) with 64-row CUTLASS tiles, 16-bit CUDA tensors (raw pointers); -1: unsupported shape.");
   m.def("kv_store", &kv_store, "Scatter key/value rows into paged pools (raw pointers).");
   m.def("rms_norm", [](uintptr_t x, uintptr_t w, uintptr_t out, int64_t rows, int64_t n, float eps) {
     rms_norm_cpu(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(w), reinterpret_cast<float*>(out),

@@ -26,12 +26,19 @@ def stream_handle(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
-_BUILT_WITH_CUDA = bool(_C.build_info()["cuda"])   # read once: the checks run on every kernel call
+_BUILD = _C.build_info()   # read once: the checks run on every kernel call
+_BUILT_WITH_CUDA, _BUILT_WITH_CUTLASS = bool(_BUILD["cuda"]), bool(_BUILD["cutlass"])
 
 
 def built_with_cuda() -> bool:
     """Whether the native extension has its CUDA kernels."""
     return _BUILT_WITH_CUDA
+
+
+def built_with_cutlass() -> bool:
+    """Whether the native extension has the CUTLASS 64-row-tile GEMM (CUDA builds that
+    found the CUTLASS headers)."""
+    return _BUILT_WITH_CUTLASS
 
 
 def check_cuda_build(op: str, device: torch.device) -> None:

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _C
+from .checks import built_with_cutlass, stream_handle
 from .elementwise import NATIVE_MAX_ROWS, silu_and_mul
 
 # Largest row count sent to the native small-M kernel on CPU: one pass over the weights
@@ -58,8 +59,10 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 
     float32 CPU inputs with few rows and no autograd use the register-blocked native kernel
     (float32 weights: up to ``SMALL_M_MAX_ROWS`` rows; bfloat16 weights: up to
-    ``COMPACT_MAX_ROWS``, widened exactly in registers); everything else goes to
-    ``F.linear``, with bfloat16 weights widened to the activations' dtype first."""
+    ``COMPACT_MAX_ROWS``, widened exactly in registers); bfloat16/float16 CUDA tensors use
+    the CUTLASS GEMM with 64-row tiles when the build has it (in_features and
+    out_features multiples of 8); everything else goes to ``F.linear``, with bfloat16
+    weights widened to the activations' dtype first."""
     rows = x.numel() // x.shape[-1] if x.dim() else 0
     compact = weight.dtype == torch.bfloat16
     if (uses_native_gemm(rows, x.device, x.dtype, compact) and weight.dtype in (torch.float32, torch.bfloat16)
@@ -71,9 +74,36 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         _C.small_gemm(xc.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
                       rows, weight.shape[0], weight.shape[1], native_threads(), compact)
         return out
+    if x.device.type == "cuda" and built_with_cutlass():
+        out = _cutlass_linear(x, weight, bias)
+        if out is not None:
+            return out
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
     return F.linear(x, weight, bias)
+
+
+_DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2}   # sonarspec::DType
+
+
+def _cutlass_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The CUTLASS 64-row-tile GEMM for 16-bit CUDA tensors without autograd, or None
+    where it does not apply (other dtypes, shapes it does not take)."""
+    if (x.dtype not in _DTYPE_CODES or weight.dtype != x.dtype or weight.dim() != 2 or weight.shape[1] != x.shape[-1]
+            or weight.device != x.device or not weight.is_contiguous()
+            or (bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous() or bias.device != x.device))
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                             or (bias is not None and bias.requires_grad)))):
+        return None
+    n, k = weight.shape
+    rows = x.numel() // k if k else 0
+    if rows == 0:
+        return None
+    xc = x.reshape(rows, k).contiguous()
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    status = _C.padded_gemm_cuda(xc.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                                 out.data_ptr(), rows, n, k, _DTYPE_CODES[x.dtype], stream_handle(x.device))
+    return None if status != 0 else out.view(*x.shape[:-1], n)
 
 
 def padded_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
