@@ -140,7 +140,8 @@ class DecoderStack:
         if self.model.fc is not None:
             if features is None:
                 raise ValueError("this stack is an MTP head's: pass features")
-            check_tensor("features", features, dtypes=(torch.float32,), ndim=2)
+            check_tensor("features", features, dtypes=(torch.float32,), ndim=2, contiguous=False)
+            features = features.contiguous()
             if features.shape != x.shape:
                 raise ValueError(f"features have shape {list(features.shape)}, expected {list(x.shape)}")
         out = x.contiguous().clone()
