@@ -82,6 +82,33 @@ class DecoderStack {
                                  reinterpret_cast<float*>(out), num_threads);
   }
 
+  void greedy_chain(uintptr_t embed, bool embed_bf16, uintptr_t lm_head, bool lm_head_bf16, int64_t lm_rows,
+                    int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t positions, int64_t batch,
+                    uintptr_t block_table, int64_t max_pages, int64_t page_size, int64_t window, int64_t steps,
+                    uintptr_t out_tokens, int num_threads) {
+    if (weights_.fc != nullptr && features == 0) throw std::invalid_argument("DecoderStack: an MTP head needs features");
+    if (lm_rows <= 0 || vocab <= 0 || vocab > lm_rows || batch <= 0 || steps < 0 || page_size <= 0) {
+      throw std::invalid_argument("DecoderStack.greedy_chain: invalid sizes");
+    }
+    ChainInput in;
+    in.embed = reinterpret_cast<const void*>(embed);
+    in.embed_bf16 = embed_bf16;
+    in.lm_head = reinterpret_cast<const void*>(lm_head);
+    in.lm_head_bf16 = lm_head_bf16;
+    in.lm_rows = lm_rows;
+    in.vocab = vocab;
+    in.tokens = reinterpret_cast<const int64_t*>(tokens);
+    in.features = reinterpret_cast<const float*>(features);
+    in.positions = reinterpret_cast<const int64_t*>(positions);
+    in.block_table = reinterpret_cast<const int64_t*>(block_table);
+    in.max_pages = max_pages;
+    in.page_size = page_size;
+    in.window = window;
+    py::gil_scoped_release release;
+    decoder_stack_greedy_chain(weights_, shape_, in, batch, steps, reinterpret_cast<int64_t*>(out_tokens),
+                               num_threads);
+  }
+
   size_t num_layers() const { return layers_.size(); }
 
  private:
@@ -103,6 +130,8 @@ void bind_decoder_stack(py::module_& m) {
       .def("forward", &DecoderStack::forward,
            "Runs the stack over x (m, hidden) in place (an MTP head's input projection with features first) and "
            "writes final_norm(x) to out; returns the number of tokens with an out-of-range KV slot.")
+      .def("greedy_chain", &DecoderStack::greedy_chain,
+           "Greedy chain drafting: steps rounds of embed, stack, lm_head, argmax (see decoder_stack.h).")
       .def_property_readonly("num_layers", &DecoderStack::num_layers);
 }
 

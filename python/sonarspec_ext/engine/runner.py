@@ -22,6 +22,13 @@ class ModelRunner:
         self._stack = None   # the model's layers as one native call, built at the first small step
         self._stack_built = False
 
+    def stack(self):
+        """The model's layers as one native call (``ops.DecoderStack``) on this cache, built
+        at the first use; None where the model cannot run as one."""
+        if not self._stack_built:
+            self._stack, self._stack_built = self.model.native_stack(self.kv_cache), True
+        return self._stack
+
     def metadata(self, rows: Sequence[Tuple[int, int, Sequence[int]]], sliding_window: Optional[int] = None,
                  trees: Optional[List[Optional[TreeBlock]]] = None):
         """``build_metadata`` for this model's cache; float32 models get the native attention
@@ -60,10 +67,8 @@ class ModelRunner:
         hidden_size) are the per-token hidden-state inputs of an MTP head."""
         small = uses_native_gemm(input_ids.numel(), input_ids.device, self.dtype, self.compact)
         extra = () if features is None else (features,)
-        if small and not self._stack_built:
-            self._stack, self._stack_built = self.model.native_stack(self.kv_cache), True
         with native_gemm_threads() if small else nullcontext():
-            attn = TorchPagedAttention(self.kv_cache, meta, self._stack if small else None)
+            attn = TorchPagedAttention(self.kv_cache, meta, self.stack() if small else None)
             hidden = self.model(input_ids, positions, attn, *extra)
             logits = self.model.compute_logits(hidden[logits_indices])
         if hidden_indices is None:

@@ -155,3 +155,46 @@ class DecoderStack:
         except IndexError as e:
             raise ValueError(str(e)) from None
         return out
+
+    def greedy_chain(self, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, tokens: torch.Tensor,
+                     positions: torch.Tensor, block_table: torch.Tensor, page_size: int, window: int, steps: int,
+                     features: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Greedy chain drafting in one native call: ``steps`` rounds of embedding ``tokens``
+        (batch,), running the stack at ``positions`` + round (an MTP head on ``features``
+        (batch, hidden), then on its own outputs), logits through ``lm_head`` (rows,
+        hidden) and the top token among the first ``vocab``. Slots and key ranges come from
+        ``block_table`` (batch, max_pages) int64 and ``window`` (0: none). Returns the
+        tokens of every round (batch, steps) - what running the rounds op by op returns."""
+        B = tokens.shape[0] if tokens.dim() == 1 else -1
+        if not (0 < B <= self.max_rows) or tokens.dtype != torch.int64 or not tokens.is_contiguous():
+            raise ValueError(f"tokens must be a contiguous int64 tensor of 1..{self.max_rows} entries")
+        for name, t in (("embed", embed), ("lm_head", lm_head)):
+            check_tensor(name, t, dtypes=(torch.float32, torch.bfloat16), ndim=2, device=torch.device("cpu"))
+            if t.shape[1] != self.hidden:
+                raise ValueError(f"{name} has shape {list(t.shape)}, expected [rows, {self.hidden}]")
+        if lm_head.dtype == torch.float32 and B > SMALL_M_MAX_ROWS:
+            raise ValueError(f"a float32 lm_head takes at most {SMALL_M_MAX_ROWS} rows here, got {B}")
+        if not 0 < vocab <= lm_head.shape[0] or embed.shape[0] < lm_head.shape[0]:
+            raise ValueError(f"vocab {vocab} must lie in 1..{lm_head.shape[0]} and embed cover the lm_head's rows")
+        if positions.dtype != torch.int64 or positions.shape != (B,) or not positions.is_contiguous():
+            raise ValueError(f"positions must be a contiguous int64 tensor of shape [{B}]")
+        check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2)
+        if block_table.shape[0] != B:
+            raise ValueError(f"block_table has {block_table.shape[0]} rows, expected {B}")
+        if (self.model.fc is None) != (features is None):
+            raise ValueError("features go with MTP heads, and only with them")
+        if features is not None:
+            check_tensor("features", features, dtypes=(torch.float32,), ndim=2, contiguous=False)
+            features = features.contiguous()
+            if features.shape != (B, self.hidden):
+                raise ValueError(f"features have shape {list(features.shape)}, expected [{B}, {self.hidden}]")
+        out = torch.empty(B, steps, dtype=torch.int64)
+        try:
+            self._native.greedy_chain(
+                embed.data_ptr(), embed.dtype == torch.bfloat16, lm_head.data_ptr(), lm_head.dtype == torch.bfloat16,
+                lm_head.shape[0], vocab, tokens.data_ptr(), 0 if features is None else features.data_ptr(),
+                positions.data_ptr(), B, block_table.data_ptr(), block_table.shape[1], page_size, window, steps,
+                out.data_ptr(), native_threads())
+        except IndexError as e:
+            raise ValueError(str(e)) from None
+        return out

@@ -14,7 +14,7 @@ import torch
 from ..engine.kv_cache import KVCache
 from ..engine.runner import ModelRunner
 from ..models.loader import load_model
-from .proposer import Draft, Proposer, StepRecord, propose_chains
+from .proposer import Draft, Proposer, StepRecord, native_greedy_chains, propose_chains
 
 
 class DraftModelProposer(Proposer):
@@ -49,10 +49,19 @@ class DraftModelProposer(Proposer):
         return torch.cat([logits, pad], dim=-1)
 
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
+        logits = [self.state[s.seq_id][1] for s in seqs]
+        if seqs and not self.sample_drafts:
+            lm_head = self.model.lm_head.weight
+            drafts = native_greedy_chains(
+                self.runner, self.model.model.embed_tokens.weight, lm_head, min(lm_head.shape[0], self.vocab_size),
+                seqs, ks, logits, [s.num_tokens for s in seqs], [self.page_table(s) for s in seqs],
+                self.model.config.sliding_window)
+            if drafts is not None:
+                return drafts
+
         def advance(j, rows, drafts):
             return list(self._run([(seqs[i], seqs[i].num_tokens + j, [drafts[i].token_ids[j]]) for i in rows]))
-        return propose_chains(seqs, ks, [self.state[s.seq_id][1] for s in seqs], self.sample_drafts,
-                              self.vocab_size, advance)
+        return propose_chains(seqs, ks, logits, self.sample_drafts, self.vocab_size, advance)
 
     def after_step(self, records: Sequence[StepRecord]) -> None:
         rows = []

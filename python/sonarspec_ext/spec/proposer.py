@@ -11,6 +11,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 
 from ..engine.sampler import processed_probs, sample_from_probs
+from ..ops.linear import SMALL_M_MAX_ROWS
 
 
 @dataclass
@@ -125,3 +126,28 @@ def propose_chains(seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor]
         if d.probs is not None:
             d.probs = torch.stack(d.probs) if d.probs else None
     return drafts
+
+
+def native_greedy_chains(runner, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, seqs: Sequence,
+                         ks: Sequence[int], logits: List[torch.Tensor], positions: Sequence[int],
+                         tables: Sequence[Sequence[int]], window: Optional[int],
+                         features: Optional[torch.Tensor] = None) -> Optional[List[Draft]]:
+    """``propose_chains`` with top-token drafting, in one native call
+    (``ops.DecoderStack.greedy_chain``) when every sequence takes the same k >= 2 and the
+    drafter runs as a native stack: draft 1 is the top token of ``logits[i]``, drafts 2..k
+    come from the chain, whose first round runs at ``positions[i]`` with ``embed`` /
+    ``lm_head`` (top token among the first ``vocab`` logits). None when it does not apply;
+    ``propose_chains`` then runs the rounds one by one, with the same result."""
+    k, B = (ks[0] if ks else 0), len(seqs)
+    if k < 2 or any(x != k for x in ks) or runner.device.type != "cpu":
+        return None
+    stack = runner.stack()
+    if stack is None or B > stack.max_rows or (lm_head.dtype == torch.float32 and B > SMALL_M_MAX_ROWS):
+        return None
+    first = [int(lg.argmax()) for lg in logits]
+    table = torch.zeros(B, max(len(t) for t in tables), dtype=torch.long)
+    for i, t in enumerate(tables):
+        table[i, :len(t)] = torch.as_tensor(t, dtype=torch.long)
+    out = stack.greedy_chain(embed, lm_head, vocab, torch.tensor(first), torch.tensor(list(positions)), table,
+                             runner.kv_cache.page_size, window or 0, k - 1, features)
+    return [Draft([f] + row) for f, row in zip(first, out.tolist())]
