@@ -49,8 +49,13 @@ def test_bench_spec_mtp_runs_every_scheme_in_one_run(llama_dir, draft_dir, tmp_p
     assert [row["scheme"] for row in rows] == ["plain", "draft_target K=2", "mtp K=1", "mtp K=2"]
     assert all(row["tok_s"] > 0 and row["tau"] >= 1 for row in rows)
     assert len(rows[3]["accepted_per_position"]) == 2
+    assert all(row["greedy_agreement"] == "8/8" for row in rows)   # the 8 benchmark prompts
+    info = json.loads(out.read_text())
+    assert (info["device"], info["dtype"]) == ("cpu", "float32")
     r = run_cli("bench", "--spec", "mtp", "--model", llama_dir, "--draft", draft_dir, "--mtp", str(tmp_path / "missing"))
     assert r.returncode == 2 and "MTP head directory not found" in r.stderr
+    r = run_cli("bench", "--model", llama_dir, "--device", "cuda")
+    assert r.returncode == 2 and "--device and --dtype apply to --spec all" in r.stderr
 
 
 def test_bench_eagle_tree_sets_trees_beside_chains_and_times_attention(llama_dir, tmp_path):

@@ -8,15 +8,15 @@ from __future__ import annotations
 import json
 import sys
 
+from sonarspec_ext.bench_spec import acceptance_note
+
 
 def spec_table(info: dict) -> str:
     lines = ["| batch | scheme | tok/s | vs plain | tau | acceptance per position |",
              "|-------|--------|-------|----------|-----|-------------------------|"]
     for r in info["results"]:
         tau = f"{r['tau']:.2f}" if "tau" in r else ""
-        acc = " ".join(f"{a:.2f}" for a in r.get("accepted_per_position", []))
-        if "greedy_agreement" in r:
-            acc = f"output equal on {r['greedy_agreement']} prompts"
+        acc = acceptance_note(r)
         lines.append(f"| {r['batch_size']} | {r['scheme']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | {tau} | {acc} |")
     return "\n".join(lines)
 

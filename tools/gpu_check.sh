@@ -2,7 +2,8 @@
 # One-shot check on a machine with an NVIDIA GPU (written for an H200; under 8 minutes):
 # builds sonarspec with its CUDA kernels into a private target directory, runs the GPU
 # tests (CUDA kernels against their CPU twins and torch references) and times the CUDA
-# kernels against a device-to-device copy (and the CUTLASS MLP against torch's). Results
+# kernels against a device-to-device copy (and the CUTLASS MLP against torch's), then
+# runs the speculation benchmark on the GPU. Results
 # go to $OUT (a temp dir if unset). The CUTLASS headers come from third_party/cutlass
 # (bash tools/fetch_cutlass.sh beforehand where the GPU machine has no network; carry
 # third_party/ along).
@@ -26,5 +27,8 @@ tests_rc=${PIPESTATUS[0]}
 set -e
 echo "== kernel timings"
 "$PY" tools/gpu_bench.py --json "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/bench.log"
+echo "== speculation on the GPU (packaged models, bfloat16, batch 1 and 8)"
+"$PY" -m sonarspec_ext.cli bench --spec all --device cuda --dtype bfloat16 --repeats 3 --max-tokens 96 \
+  --json "$OUT/spec_cuda.json" 2>&1 | tee "$OUT/spec_cuda.log"
 echo "results in $OUT (tests exit status $tests_rc)"
 exit "$tests_rc"
