@@ -7,10 +7,12 @@
 #include <array>
 #include <cstdint>
 #include <stdexcept>
+#include <tuple>
 #include <vector>
 
 #include "bindings.h"
 #include "sonarspec/decoder_stack.h"
+#include "sonarspec/stack_drafting.h"
 
 namespace py = pybind11;
 
@@ -82,36 +84,50 @@ class DecoderStack {
                                  reinterpret_cast<float*>(out), num_threads);
   }
 
-  void greedy_chain(uintptr_t embed, bool embed_bf16, uintptr_t lm_head, bool lm_head_bf16, int64_t lm_rows,
-                    int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t positions, int64_t batch,
-                    uintptr_t block_table, int64_t max_pages, int64_t page_size, int64_t window, int64_t steps,
-                    uintptr_t out_tokens, int num_threads) {
-    if (weights_.fc != nullptr && features == 0) throw std::invalid_argument("DecoderStack: an MTP head needs features");
-    if (lm_rows <= 0 || vocab <= 0 || vocab > lm_rows || batch <= 0 || steps < 0 || page_size <= 0) {
-      throw std::invalid_argument("DecoderStack.greedy_chain: invalid sizes");
-    }
-    ChainInput in;
-    in.embed = reinterpret_cast<const void*>(embed);
-    in.embed_bf16 = embed_bf16;
-    in.lm_head = reinterpret_cast<const void*>(lm_head);
-    in.lm_head_bf16 = lm_head_bf16;
-    in.lm_rows = lm_rows;
-    in.vocab = vocab;
-    in.tokens = reinterpret_cast<const int64_t*>(tokens);
-    in.features = reinterpret_cast<const float*>(features);
-    in.positions = reinterpret_cast<const int64_t*>(positions);
-    in.block_table = reinterpret_cast<const int64_t*>(block_table);
-    in.max_pages = max_pages;
-    in.page_size = page_size;
-    in.window = window;
+  // io: embed, embed_bf16, lm_head, lm_head_bf16, lm_rows, block_table, max_pages, page_size, window.
+  using IOArgs = std::tuple<uintptr_t, bool, uintptr_t, bool, int64_t, uintptr_t, int64_t, int64_t, int64_t>;
+
+  void greedy_chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t positions,
+                    int64_t batch, int64_t steps, uintptr_t out_tokens, int num_threads) {
+    const StackIO io = make_io(io_args, features, batch);
+    if (vocab <= 0 || vocab > io.lm_rows || steps < 0) throw std::invalid_argument("DecoderStack: invalid vocab/steps");
+    auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
     py::gil_scoped_release release;
-    decoder_stack_greedy_chain(weights_, shape_, in, batch, steps, reinterpret_cast<int64_t*>(out_tokens),
-                               num_threads);
+    stack_greedy_chain(weights_, shape_, io, vocab, i(tokens), reinterpret_cast<const float*>(features),
+                       i(positions), batch, steps, reinterpret_cast<int64_t*>(out_tokens), num_threads);
+  }
+
+  void rows_forward(const IOArgs& io_args, uintptr_t tokens, uintptr_t features, uintptr_t starts, uintptr_t lens,
+                    int64_t batch, uintptr_t out_logits, uintptr_t out_features, int num_threads) {
+    const StackIO io = make_io(io_args, features, batch);
+    auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
+    py::gil_scoped_release release;
+    stack_rows_forward(weights_, shape_, io, i(tokens), reinterpret_cast<const float*>(features), i(starts), i(lens),
+                       batch, reinterpret_cast<float*>(out_logits), reinterpret_cast<float*>(out_features),
+                       num_threads);
   }
 
   size_t num_layers() const { return layers_.size(); }
 
  private:
+  StackIO make_io(const IOArgs& a, uintptr_t features, int64_t batch) const {
+    if (weights_.fc != nullptr && features == 0) throw std::invalid_argument("DecoderStack: an MTP head needs features");
+    StackIO io;
+    io.embed = reinterpret_cast<const void*>(std::get<0>(a));
+    io.embed_bf16 = std::get<1>(a);
+    io.lm_head = reinterpret_cast<const void*>(std::get<2>(a));
+    io.lm_head_bf16 = std::get<3>(a);
+    io.lm_rows = std::get<4>(a);
+    io.block_table = reinterpret_cast<const int64_t*>(std::get<5>(a));
+    io.max_pages = std::get<6>(a);
+    io.page_size = std::get<7>(a);
+    io.window = std::get<8>(a);
+    if (io.lm_rows <= 0 || batch <= 0 || io.page_size <= 0 || io.max_pages <= 0) {
+      throw std::invalid_argument("DecoderStack: invalid drafting sizes");
+    }
+    return io;
+  }
+
   DecoderShape shape_;
   std::vector<DecoderLayerWeights> layers_;
   DecoderStackWeights weights_;
@@ -131,7 +147,9 @@ void bind_decoder_stack(py::module_& m) {
            "Runs the stack over x (m, hidden) in place (an MTP head's input projection with features first) and "
            "writes final_norm(x) to out; returns the number of tokens with an out-of-range KV slot.")
       .def("greedy_chain", &DecoderStack::greedy_chain,
-           "Greedy chain drafting: steps rounds of embed, stack, lm_head, argmax (see decoder_stack.h).")
+           "Greedy chain drafting: steps rounds of embed, stack, lm_head, argmax (see stack_drafting.h).")
+      .def("rows_forward", &DecoderStack::rows_forward,
+           "Embed, stack and lm_head over rows of tokens: logits and outputs at each row's last token.")
       .def_property_readonly("num_layers", &DecoderStack::num_layers);
 }
 

@@ -71,31 +71,3 @@ int64_t decoder_stack_forward(const DecoderStackWeights& weights, const DecoderS
                               const StepAttention& attn, float* out, int num_threads);
 
 }  // namespace sonarspec
-
-namespace sonarspec {
-
-// Greedy chain drafting with a stack (a draft model, or an MTP head fed its own predicted
-// features): `steps` rounds of x = embed[tokens] (widened exactly from bfloat16 when
-// embed_bf16), the stack over one token per sequence at positions[b] + round, logits =
-// out @ lm_head^T (lm_rows rows), and tokens = the first maximum among the first `vocab`
-// logits (as torch.argmax). Slots and key ranges follow the block table: slot =
-// table[p / page] * page + p % page, keys [max(0, p + 1 - window), p + 1) (window 0: none);
-// an MTP head's features for round r + 1 are its outputs of round r. The same kernels as
-// the per-round path, so the same tokens. out_tokens: (batch, steps). Throws
-// std::out_of_range for a position outside the block table or the RoPE tables.
-struct ChainInput {
-  const void* embed = nullptr;  // (lm_rows or more, hidden)
-  bool embed_bf16 = false;
-  const void* lm_head = nullptr;  // (lm_rows, hidden)
-  bool lm_head_bf16 = false;
-  int64_t lm_rows = 0, vocab = 0;
-  const int64_t* tokens = nullptr;     // (batch,) input tokens of round 0
-  const float* features = nullptr;     // (batch, hidden) for MTP heads, else null
-  const int64_t* positions = nullptr;  // (batch,) positions of round 0
-  const int64_t* block_table = nullptr;
-  int64_t max_pages = 0, page_size = 0, window = 0;
-};
-void decoder_stack_greedy_chain(const DecoderStackWeights& weights, const DecoderShape& shape, const ChainInput& in,
-                                int64_t batch, int64_t steps, int64_t* out_tokens, int num_threads);
-
-}  // namespace sonarspec

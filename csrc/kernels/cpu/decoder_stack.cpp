@@ -1,8 +1,6 @@
 // Decoder layers in one native call; see decoder_stack.h for the contract.
 #include "sonarspec/decoder_stack.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <stdexcept>
@@ -111,71 +109,6 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
     std::memcpy(out, x, sizeof(float) * m * s.hidden);
   }
   return bad_slots;
-}
-
-}  // namespace sonarspec
-
-namespace sonarspec {
-
-void decoder_stack_greedy_chain(const DecoderStackWeights& w, const DecoderShape& s, const ChainInput& in,
-                                int64_t batch, int64_t steps, int64_t* out_tokens, int num_threads) {
-  const int64_t H = s.hidden;
-  std::vector<float> x(static_cast<size_t>(batch * H)), feats(static_cast<size_t>(batch * H)),
-      logits(static_cast<size_t>(batch * in.lm_rows));
-  std::vector<int64_t> tokens(in.tokens, in.tokens + batch), pos(batch), slots(batch), seq(batch), kb(batch),
-      ke(batch);
-  if (in.features != nullptr) std::memcpy(feats.data(), in.features, sizeof(float) * batch * H);
-  StepAttention a;
-  a.slot_mapping = slots.data();
-  a.block_table = in.block_table;
-  a.max_pages = in.max_pages;
-  a.page_size = in.page_size;
-  a.token_seq = seq.data();
-  a.key_begin = kb.data();
-  a.key_end = ke.data();
-  for (int64_t r = 0; r < steps; ++r) {
-    for (int64_t b = 0; b < batch; ++b) {
-      const int64_t p = in.positions[b] + r, page = p / in.page_size;
-      if (p < 0 || page >= in.max_pages) {
-        throw std::out_of_range("chain position " + std::to_string(p) + " is outside the block table");
-      }
-      pos[b] = p;
-      seq[b] = b;
-      slots[b] = in.block_table[b * in.max_pages + page] * in.page_size + p % in.page_size;
-      kb[b] = in.window > 0 ? std::max<int64_t>(0, p + 1 - in.window) : 0;
-      ke[b] = p + 1;
-      const int64_t t = tokens[b];
-      if (t < 0 || t >= in.lm_rows) throw std::out_of_range("chain token " + std::to_string(t) + " out of range");
-      float* row = x.data() + b * H;
-      if (in.embed_bf16) {
-        const uint16_t* e = static_cast<const uint16_t*>(in.embed) + t * H;
-        for (int64_t j = 0; j < H; ++j) {
-          const uint32_t u = static_cast<uint32_t>(e[j]) << 16;
-          std::memcpy(row + j, &u, sizeof(float));
-        }
-      } else {
-        std::memcpy(row, static_cast<const float*>(in.embed) + t * H, sizeof(float) * H);
-      }
-    }
-    decoder_stack_forward(w, s, x.data(), in.features != nullptr ? feats.data() : nullptr, batch, pos.data(), a,
-                          feats.data(), num_threads);
-    if (in.lm_head_bf16) {
-      small_gemm_bf16w(feats.data(), static_cast<const uint16_t*>(in.lm_head), nullptr, logits.data(), batch,
-                       in.lm_rows, H, num_threads);
-    } else {
-      small_gemm_f32(feats.data(), static_cast<const float*>(in.lm_head), nullptr, logits.data(), batch, in.lm_rows,
-                     H, num_threads);
-    }
-    for (int64_t b = 0; b < batch; ++b) {
-      const float* l = logits.data() + b * in.lm_rows;
-      int64_t best = 0;
-      for (int64_t v = 1; v < in.vocab; ++v) {  // first maximum; a NaN wins, as in torch.argmax
-        if (l[v] > l[best] || (std::isnan(l[v]) && !std::isnan(l[best]))) best = v;
-      }
-      tokens[b] = best;
-      out_tokens[b * steps + r] = best;
-    }
-  }
 }
 
 }  // namespace sonarspec

@@ -7,9 +7,10 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
-from ..ops.linear import native_gemm_threads, uses_native_gemm
+from ..ops.linear import SMALL_M_MAX_ROWS, native_gemm_threads, uses_native_gemm
+from ..ops.stack_drafting import rows_forward
 from .kv_cache import KVCache
-from .metadata import TreeBlock, build_metadata, planner_metadata
+from .metadata import NATIVE_ATTENTION_MAX_TOKENS, TreeBlock, build_metadata, planner_metadata
 
 
 class ModelRunner:
@@ -48,6 +49,10 @@ class ModelRunner:
         """One forward over (start position, token ids, page table) rows -> logits at each
         row's last token, or at every token with ``all_tokens`` (and, with ``features``, the
         model's outputs there too). ``trees``: per row, a ``TreeBlock`` or None (causal)."""
+        if not all_tokens and (trees is None or all(t is None for t in trees)):
+            out = self._native_rows(rows, sliding_window, features)
+            if out is not None:
+                return out if features is not None else out[0]
         ids, meta_rows, last = [], [], []
         for start, toks, table in rows:
             ids.extend(toks)
@@ -57,6 +62,25 @@ class ModelRunner:
         last_t = torch.tensor(last, device=self.device)
         return self.forward(torch.tensor(ids, device=self.device), positions, meta, last_t,
                             hidden_indices=None if features is None else last_t, features=features)
+
+    def _native_rows(self, rows, sliding_window, features):
+        """``forward_rows`` (logits, outputs) as one native call (``ops.stack_drafting``)
+        when the model runs as a stack and the rows are a small step; else None."""
+        io = self.model.drafting_io() if self.device.type == "cpu" else None
+        num_tokens = sum(len(toks) for _, toks, _ in rows)
+        stack = self.stack() if io is not None and 0 < num_tokens <= NATIVE_ATTENTION_MAX_TOKENS else None
+        if stack is None or num_tokens > stack.max_rows or (io[1].dtype == torch.float32
+                                                            and len(rows) > SMALL_M_MAX_ROWS):
+            return None
+        table = torch.zeros(len(rows), max(1, max(len(t) for *_, t in rows)), dtype=torch.long)
+        for i, (_, _, t) in enumerate(rows):
+            table[i, :len(t)] = torch.as_tensor(t, dtype=torch.long)
+        ids = torch.tensor([tok for _, toks, _ in rows for tok in toks], dtype=torch.long)
+        starts = torch.tensor([start for start, _, _ in rows], dtype=torch.long)
+        lens = torch.tensor([len(toks) for _, toks, _ in rows], dtype=torch.long)
+        with torch.inference_mode(), native_gemm_threads():
+            return rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size, sliding_window,
+                                None if features is None else features.to(torch.float32))
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: PagedAttentionMetadata,

@@ -175,6 +175,10 @@ class LlamaForCausalLM(nn.Module):
         ``native_stack``)."""
         return native_stack(self.model.layers, kv_cache, self.rotary, self.model.norm)
 
+    def drafting_io(self):
+        """(embedding, lm_head) weights, for drafting natively with the stack."""
+        return self.model.embed_tokens.weight, self.lm_head.weight
+
     @property
     def compute_dtype(self) -> torch.dtype:
         """Activation dtype (weight matrices may be stored more compactly, see the loader)."""

@@ -100,6 +100,13 @@ class MTPHead(nn.Module):
         ``kv_cache`` (or None)."""
         return native_stack([self.layer], kv_cache, self.rotary, self.norm, (self.enorm, self.hnorm, self.fc))
 
+    def drafting_io(self):
+        """(embedding, lm_head) weights of the target, for drafting natively with the stack;
+        None with a draft vocabulary (its logits are -inf outside it)."""
+        if self._shared is None or self.draft_vocab is not None:
+            return None
+        return self._shared[0].weight, self._shared[1].weight
+
     @property
     def compute_dtype(self) -> torch.dtype:
         return self.layer.post_attention_layernorm.weight.dtype

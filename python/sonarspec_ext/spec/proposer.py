@@ -12,6 +12,7 @@ import torch
 
 from ..engine.sampler import processed_probs, sample_from_probs
 from ..ops.linear import SMALL_M_MAX_ROWS
+from ..ops.stack_drafting import greedy_chain
 
 
 @dataclass
@@ -148,6 +149,6 @@ def native_greedy_chains(runner, embed: torch.Tensor, lm_head: torch.Tensor, voc
     table = torch.zeros(B, max(len(t) for t in tables), dtype=torch.long)
     for i, t in enumerate(tables):
         table[i, :len(t)] = torch.as_tensor(t, dtype=torch.long)
-    out = stack.greedy_chain(embed, lm_head, vocab, torch.tensor(first), torch.tensor(list(positions)), table,
-                             runner.kv_cache.page_size, window or 0, k - 1, features)
+    out = greedy_chain(stack, embed, lm_head, vocab, torch.tensor(first), torch.tensor(list(positions)), table,
+                       runner.kv_cache.page_size, window, k - 1, features)
     return [Draft([f] + row) for f, row in zip(first, out.tolist())]

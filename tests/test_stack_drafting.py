@@ -1,24 +1,31 @@
-"""Greedy chain drafting in one native call (``ops.DecoderStack.greedy_chain``) against
-drafting round by round through the per-round Python path: every proposed chain must be
-the same, step after step, for MTP heads (both layouts), draft models (also with a
-sliding window and a padded vocabulary) and the packaged models at batch 4."""
+"""Drafting with the native stack (``ops.stack_drafting``): drafter forwards over rows of
+tokens and greedy chains in one call each, against the per-op Python path - every
+proposed chain and every output the same, step after step, for MTP heads (both layouts),
+draft models (also with a sliding window and a padded vocabulary) and the packaged models
+at batch 4; row forwards equal bit for bit."""
 import pytest
 import torch
 
 import sonarspec_ext.spec.draft_model as draft_model
 import sonarspec_ext.spec.mtp as mtp
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
+from sonarspec_ext.engine.runner import ModelRunner
+from sonarspec_ext.ops.stack_drafting import greedy_chain, rows_forward
 from sonarspec_ext.spec.proposer import native_greedy_chains
+
+REAL_NATIVE_ROWS = ModelRunner._native_rows
 
 PROMPTS = [[5, 6, 7], [40, 41, 42, 43, 44, 45, 46, 47, 48], [9] * 5, [100, 101]]
 PARAMS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 
 def _drafts(model, spec, prompts, native: bool, monkeypatch, params=PARAMS):
-    """Every step's proposed chains, and the outputs."""
+    """Every step's proposed chains, and the outputs; ``native`` False: no native chains
+    and no native row forwards (the per-op path)."""
     for mod in (mtp, draft_model):
         monkeypatch.setattr(mod, "native_greedy_chains",
                             native_greedy_chains if native else (lambda *a, **k: None))
+    monkeypatch.setattr(ModelRunner, "_native_rows", REAL_NATIVE_ROWS if native else (lambda *a, **k: None))
     llm = LLM(model, spec=spec)
     proposer, seen, used = llm.engine.proposer, [], []
     real = proposer.propose
@@ -71,6 +78,28 @@ def test_packaged_models_batch_4(method, k, monkeypatch):
     assert a == b and out_a == out_b
 
 
+@pytest.mark.parametrize("method", ["mtp", "draft_target"])
+def test_row_forwards_equal_the_per_op_path(method):
+    """A drafter's forward over rows of several tokens (refills), native and op by op on the
+    same cache: the same logits and outputs, bit for bit."""
+    llm = LLM("default", spec=SpecConfig(method=method, num_draft_tokens=3))
+    runner = llm.engine.proposer.runner
+    g = torch.Generator().manual_seed(0)
+    rows = [(0, torch.randint(0, 8000, (5,), generator=g).tolist(), [3, 1]),
+            (7, torch.randint(0, 8000, (1,), generator=g).tolist(), [0]),
+            (12, torch.randint(0, 8000, (3,), generator=g).tolist(), [2, 4])]
+    feats = torch.randn(9, 256, generator=g) if method == "mtp" else None
+    native = runner._native_rows(rows, None, feats)
+    assert native is not None
+    runner._native_rows = lambda *a, **k: None
+    per_op = runner.forward_rows(rows, None, features=feats)
+    if feats is None:
+        per_op = (per_op, None)
+    assert torch.equal(native[0], per_op[0])
+    if feats is not None:
+        assert torch.equal(native[1], per_op[1])
+
+
 def test_greedy_chain_rejects_bad_input():
     llm = LLM("default", spec=SpecConfig(method="draft_target", num_draft_tokens=3))
     runner = llm.engine.proposer.runner
@@ -79,11 +108,15 @@ def test_greedy_chain_rejects_bad_input():
     table = torch.arange(4).view(1, 4)
     one = torch.tensor([1])
     with pytest.raises(ValueError, match="outside the block table"):
-        stack.greedy_chain(embed, lm_head, 100, one, torch.tensor([63]), table, 16, 0, 2)
+        greedy_chain(stack, embed, lm_head, 100, one, torch.tensor([63]), table, 16, 0, 2)
     with pytest.raises(ValueError, match="tokens must be"):
-        stack.greedy_chain(embed, lm_head, 100, one.int(), torch.tensor([3]), table, 16, 0, 2)
+        greedy_chain(stack, embed, lm_head, 100, one.int(), torch.tensor([3]), table, 16, 0, 2)
     with pytest.raises(ValueError, match="vocab"):
-        stack.greedy_chain(embed, lm_head, lm_head.shape[0] + 1, one, torch.tensor([3]), table, 16, 0, 2)
+        greedy_chain(stack, embed, lm_head, lm_head.shape[0] + 1, one, torch.tensor([3]), table, 16, 0, 2)
     with pytest.raises(ValueError, match="features go with MTP heads"):
-        stack.greedy_chain(embed, lm_head, 100, one, torch.tensor([3]), table, 16, 0, 2,
-                           features=torch.zeros(1, model.config.hidden_size))
+        greedy_chain(stack, embed, lm_head, 100, one, torch.tensor([3]), table, 16, 0, 2,
+                     features=torch.zeros(1, model.config.hidden_size))
+    with pytest.raises(ValueError, match="rows of at least one token"):
+        rows_forward(stack, embed, lm_head, one, torch.tensor([3]), torch.tensor([0]), table, 16)
+    with pytest.raises(ValueError, match="token 9000 out of range"):
+        rows_forward(stack, embed, lm_head, torch.tensor([9000]), torch.tensor([3]), torch.tensor([1]), table, 16)

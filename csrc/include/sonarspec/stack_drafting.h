@@ -1,0 +1,42 @@
+// Drafting with a decoder stack (a draft model, or an MTP head): the token embedding before
+// the stack and the lm_head after it, natively, so a drafter's forward over a few tokens
+// is one call. The same kernels as the per-op path (small_gemm for the lm_head, exact
+// bfloat16 widening for the embedding), so the same logits and tokens.
+#pragma once
+
+#include <cstdint>
+
+#include "sonarspec/decoder_stack.h"
+
+namespace sonarspec {
+
+// A drafter's embedding and lm_head, and where its sequences' KV lives.
+struct StackIO {
+  const void* embed = nullptr;  // (>= lm_rows, hidden), float32 or bfloat16 bits
+  bool embed_bf16 = false;
+  const void* lm_head = nullptr;  // (lm_rows, hidden)
+  bool lm_head_bf16 = false;
+  int64_t lm_rows = 0;
+  const int64_t* block_table = nullptr;  // (batch, max_pages): row b holds sequence b's pages
+  int64_t max_pages = 0, page_size = 0;
+  int64_t window = 0;  // sliding window (0: none): keys [max(0, p + 1 - window), p + 1)
+};
+
+// Rows of tokens: row b holds lens[b] tokens (packed in `tokens`, (sum lens,)) at positions
+// starts[b], starts[b] + 1, ...; features (sum lens, hidden) for MTP heads, else null.
+// Runs the stack over all of them and writes the logits of each row's last token to
+// out_logits (batch, lm_rows) and its stack output to out_features (batch, hidden).
+// Throws std::out_of_range for a token or position outside the tables.
+void stack_rows_forward(const DecoderStackWeights& weights, const DecoderShape& shape, const StackIO& io,
+                        const int64_t* tokens, const float* features, const int64_t* starts, const int64_t* lens,
+                        int64_t batch, float* out_logits, float* out_features, int num_threads);
+
+// Greedy chain drafting: `steps` rounds of one token per sequence at positions[b] + round
+// (input tokens[b] in round 0, then each round's top token; an MTP head's features are
+// features[b] in round 0, then its own outputs); the top token is the first maximum among
+// the first `vocab` logits, as torch.argmax. out_tokens: (batch, steps).
+void stack_greedy_chain(const DecoderStackWeights& weights, const DecoderShape& shape, const StackIO& io,
+                        int64_t vocab, const int64_t* tokens, const float* features, const int64_t* positions,
+                        int64_t batch, int64_t steps, int64_t* out_tokens, int num_threads);
+
+}  // namespace sonarspec

@@ -1,0 +1,115 @@
+// Drafter forwards and greedy chains around a decoder stack; see stack_drafting.h.
+#include "sonarspec/stack_drafting.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "sonarspec/small_gemm.h"
+
+namespace sonarspec {
+namespace {
+
+// The inputs of one stack call over `m` tokens: embedding rows and attention metadata
+// (token t of row seq[t] at position pos[t]).
+struct Step {
+  std::vector<float> x;
+  std::vector<int64_t> pos, slots, seq, key_begin, key_end;
+  StepAttention attn;
+
+  Step(const StackIO& io, int64_t m, int64_t hidden)
+      : x(static_cast<size_t>(m * hidden)), pos(m), slots(m), seq(m), key_begin(m), key_end(m) {
+    attn.slot_mapping = slots.data();
+    attn.block_table = io.block_table;
+    attn.max_pages = io.max_pages;
+    attn.page_size = io.page_size;
+    attn.token_seq = seq.data();
+    attn.key_begin = key_begin.data();
+    attn.key_end = key_end.data();
+  }
+
+  void set(const StackIO& io, int64_t hidden, int64_t t, int64_t row, int64_t p, int64_t token) {
+    const int64_t page = p / io.page_size;
+    if (p < 0 || page >= io.max_pages) {
+      throw std::out_of_range("position " + std::to_string(p) + " is outside the block table");
+    }
+    if (token < 0 || token >= io.lm_rows) throw std::out_of_range("token " + std::to_string(token) + " out of range");
+    pos[t] = p;
+    seq[t] = row;
+    slots[t] = io.block_table[row * io.max_pages + page] * io.page_size + p % io.page_size;
+    key_begin[t] = io.window > 0 ? std::max<int64_t>(0, p + 1 - io.window) : 0;
+    key_end[t] = p + 1;
+    float* dst = x.data() + t * hidden;
+    if (io.embed_bf16) {  // bfloat16 -> float32 is exact: the high half of the bits
+      const uint16_t* e = static_cast<const uint16_t*>(io.embed) + token * hidden;
+      for (int64_t j = 0; j < hidden; ++j) {
+        const uint32_t u = static_cast<uint32_t>(e[j]) << 16;
+        std::memcpy(dst + j, &u, sizeof(float));
+      }
+    } else {
+      std::memcpy(dst, static_cast<const float*>(io.embed) + token * hidden, sizeof(float) * hidden);
+    }
+  }
+};
+
+void lm_head(const StackIO& io, const float* h, float* logits, int64_t rows, int64_t hidden, int num_threads) {
+  if (io.lm_head_bf16) {
+    small_gemm_bf16w(h, static_cast<const uint16_t*>(io.lm_head), nullptr, logits, rows, io.lm_rows, hidden,
+                     num_threads);
+  } else {
+    small_gemm_f32(h, static_cast<const float*>(io.lm_head), nullptr, logits, rows, io.lm_rows, hidden, num_threads);
+  }
+}
+
+}  // namespace
+
+void stack_rows_forward(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, const int64_t* tokens,
+                        const float* features, const int64_t* starts, const int64_t* lens, int64_t batch,
+                        float* out_logits, float* out_features, int num_threads) {
+  const int64_t H = s.hidden;
+  int64_t m = 0;
+  for (int64_t b = 0; b < batch; ++b) m += lens[b];
+  Step step(io, m, H);
+  std::vector<float> out(static_cast<size_t>(m * H));
+  for (int64_t b = 0, t = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < lens[b]; ++i, ++t) step.set(io, H, t, b, starts[b] + i, tokens[t]);
+  }
+  decoder_stack_forward(w, s, step.x.data(), features, m, step.pos.data(), step.attn, out.data(), num_threads);
+  for (int64_t b = 0, t = 0; b < batch; ++b) {  // each row's last token
+    t += lens[b];
+    std::memcpy(out_features + b * H, out.data() + (t - 1) * H, sizeof(float) * H);
+  }
+  lm_head(io, out_features, out_logits, batch, H, num_threads);
+}
+
+void stack_greedy_chain(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, int64_t vocab,
+                        const int64_t* tokens, const float* features, const int64_t* positions, int64_t batch,
+                        int64_t steps, int64_t* out_tokens, int num_threads) {
+  const int64_t H = s.hidden;
+  Step step(io, batch, H);
+  std::vector<float> feats(static_cast<size_t>(batch * H)), logits(static_cast<size_t>(batch * io.lm_rows));
+  std::vector<int64_t> next(tokens, tokens + batch);
+  if (features != nullptr) std::memcpy(feats.data(), features, sizeof(float) * batch * H);
+  for (int64_t r = 0; r < steps; ++r) {
+    for (int64_t b = 0; b < batch; ++b) step.set(io, H, b, b, positions[b] + r, next[b]);
+    // the head reads its features before it writes its outputs over them
+    decoder_stack_forward(w, s, step.x.data(), features != nullptr ? feats.data() : nullptr, batch, step.pos.data(),
+                          step.attn, feats.data(), num_threads);
+    lm_head(io, feats.data(), logits.data(), batch, H, num_threads);
+    for (int64_t b = 0; b < batch; ++b) {
+      const float* l = logits.data() + b * io.lm_rows;
+      int64_t best = 0;
+      for (int64_t v = 1; v < vocab; ++v) {  // first maximum; a NaN wins, as in torch.argmax
+        if (l[v] > l[best] || (std::isnan(l[v]) && !std::isnan(l[best]))) best = v;
+      }
+      next[b] = best;
+      out_tokens[b * steps + r] = best;
+    }
+  }
+}
+
+}  // namespace sonarspec

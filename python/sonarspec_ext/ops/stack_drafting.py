@@ -1,0 +1,98 @@
+"""Drafting with a ``DecoderStack``: a drafter's forward over a few tokens - embedding,
+stack, lm_head - as one native call (``rows_forward``), and greedy chain drafting, all
+rounds of embedding, stack, lm_head and top token in one call (``greedy_chain``). Same
+kernels as the per-op path, so the same logits and tokens."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from .checks import check_tensor
+from .decoder_stack import DecoderStack
+from .linear import SMALL_M_MAX_ROWS, native_threads
+
+
+def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window: int, rows: int,
+        features: Optional[torch.Tensor], num_tokens: int):
+    """Validated native arguments shared by both calls, plus contiguous features."""
+    for name, t in (("embed", embed), ("lm_head", lm_head)):
+        check_tensor(name, t, dtypes=(torch.float32, torch.bfloat16), ndim=2, device=torch.device("cpu"))
+        if t.shape[1] != stack.hidden:
+            raise ValueError(f"{name} has shape {list(t.shape)}, expected [rows, {stack.hidden}]")
+    if embed.shape[0] < lm_head.shape[0]:
+        raise ValueError(f"embed ({embed.shape[0]} rows) must cover the lm_head's {lm_head.shape[0]} rows")
+    if not 0 < num_tokens <= stack.max_rows:
+        raise ValueError(f"DecoderStack drafting runs 1..{stack.max_rows} tokens at once, got {num_tokens}")
+    if lm_head.dtype == torch.float32 and rows > SMALL_M_MAX_ROWS:
+        raise ValueError(f"a float32 lm_head takes at most {SMALL_M_MAX_ROWS} rows here, got {rows}")
+    check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2)
+    if block_table.shape[0] != rows or block_table.shape[1] == 0:
+        raise ValueError(f"block_table has shape {list(block_table.shape)}, expected [{rows}, max_pages]")
+    if (stack.model.fc is None) != (features is None):
+        raise ValueError("features go with MTP heads, and only with them")
+    if features is not None:
+        check_tensor("features", features, dtypes=(torch.float32,), ndim=2, contiguous=False)
+        features = features.contiguous()
+        if features.shape != (num_tokens, stack.hidden):
+            raise ValueError(f"features have shape {list(features.shape)}, expected [{num_tokens}, {stack.hidden}]")
+    args = (embed.data_ptr(), embed.dtype == torch.bfloat16, lm_head.data_ptr(), lm_head.dtype == torch.bfloat16,
+            lm_head.shape[0], block_table.data_ptr(), block_table.shape[1], page_size, window or 0)
+    return args, features
+
+
+def _int64(name: str, t: torch.Tensor, n: int) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.shape != (n,) or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous int64 tensor of shape [{n}]")
+
+
+def rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, tokens: torch.Tensor,
+                 starts: torch.Tensor, lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
+                 window: Optional[int] = None, features: Optional[torch.Tensor] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rows of tokens (row b: ``lens[b]`` of the packed ``tokens`` at positions
+    ``starts[b]``...; its KV through ``block_table[b]``; an MTP head reads ``features``
+    (num_tokens, hidden)) -> (float32 logits (rows, lm_head rows), stack outputs (rows,
+    hidden)) at each row's last token. The new tokens' K/V are written to the pools."""
+    B = starts.shape[0] if isinstance(starts, torch.Tensor) and starts.dim() == 1 else 0
+    _int64("starts", starts, B)
+    _int64("lens", lens, B)
+    if B == 0 or int(lens.min()) < 1:
+        raise ValueError("rows_forward needs rows of at least one token")
+    T = int(lens.sum())
+    _int64("tokens", tokens, T)
+    args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, T)
+    logits = torch.empty(B, lm_head.shape[0], dtype=torch.float32)
+    out = torch.empty(B, stack.hidden, dtype=torch.float32)
+    try:
+        stack._native.rows_forward(args, tokens.data_ptr(), 0 if features is None else features.data_ptr(),
+                                   starts.data_ptr(), lens.data_ptr(), B, logits.data_ptr(), out.data_ptr(),
+                                   native_threads())
+    except IndexError as e:
+        raise ValueError(str(e)) from None
+    return logits, out
+
+
+def greedy_chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, tokens: torch.Tensor,
+                 positions: torch.Tensor, block_table: torch.Tensor, page_size: int, window: Optional[int], steps: int,
+                 features: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``steps`` rounds of one token per sequence: ``tokens`` (batch,) embedded at
+    ``positions`` + round (an MTP head on ``features`` (batch, hidden), then on its own
+    outputs), logits through ``lm_head``, the top token among the first ``vocab`` feeding
+    the next round. Returns every round's tokens (batch, steps) - what running the rounds
+    op by op returns."""
+    B = tokens.shape[0] if isinstance(tokens, torch.Tensor) and tokens.dim() == 1 else 0
+    if B == 0:
+        raise ValueError("tokens must be a non-empty 1-D tensor")
+    _int64("tokens", tokens, B)
+    _int64("positions", positions, B)
+    if not 0 < vocab <= lm_head.shape[0] or steps < 0:
+        raise ValueError(f"vocab {vocab} must lie in 1..{lm_head.shape[0]} and steps be >= 0")
+    args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, B)
+    out = torch.empty(B, steps, dtype=torch.int64)
+    try:
+        stack._native.greedy_chain(args, vocab, tokens.data_ptr(), 0 if features is None else features.data_ptr(),
+                                   positions.data_ptr(), B, steps, out.data_ptr(), native_threads())
+    except IndexError as e:
+        raise ValueError(str(e)) from None
+    return out
