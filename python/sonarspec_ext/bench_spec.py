@@ -136,7 +136,7 @@ def acceptance_note(row: dict) -> str:
     decoding where that is not total (or the agreement alone, for transformers rows)."""
     acc = " ".join(f"{a:.2f}" for a in row.get("accepted_per_position", []))
     agree = row.get("greedy_agreement", "")
-    if agree and (not acc or agree.split("/")[0] != agree.split("/")[1]):
+    if agree and ("tau" not in row or agree.split("/")[0] != agree.split("/")[1]):
         acc = f"{acc} (output equal on {agree} prompts)" if acc else f"output equal on {agree} prompts"
     return acc
 
