@@ -5,7 +5,8 @@ import torch
 
 from conftest import hf_load
 from sonarspec_ext import LLM, SamplingParams
-from sonarspec_ext.engine.sampler import filter_logits, sample_from_probs
+from sonarspec_ext.engine.sampler import sample_from_probs
+from sonarspec_ext.ops.reference import filter_logits
 from stats import assert_matches
 
 def test_exponential_race_matches_distribution():
@@ -65,3 +66,47 @@ def test_engine_samples_the_processed_target_distribution(qwen_dir):
     counts = torch.bincount(torch.tensor([o.token_ids[0] for o in outs]), minlength=probs.numel()).double()
     assert counts[probs == 0].sum() == 0, "sampled a token outside the top-k/top-p support"
     assert_matches(counts, probs, "first sampled token", min_df=3)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 50, 0.5), (1.0, 0, 0.05),
+                                                      (2.0, 1, 1.0), (0.8, 20, 0.95), (1.0, 0, 0.999)])
+@pytest.mark.parametrize("vocab", [111, 8192])
+def test_native_processed_probs_match_the_torch_reference(temperature, top_k, top_p, vocab):
+    """ops.sampling.processed_probs against softmax(filter_logits): the same support up to a
+    boundary token and probabilities within float32 rounding, on peaked and flat rows;
+    ties at the k-th value keep every tied token."""
+    from sonarspec_ext.ops.reference import processed_probs_reference
+    from sonarspec_ext.ops.sampling import processed_probs
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.cat([torch.randn(6, vocab, generator=g) * 3, torch.randn(2, vocab, generator=g) * 0.1])
+    if top_p == 1.0:   # a tie across the top-k boundary (a top-p boundary inside a tie has no single answer)
+        logits[0, :7] = logits[0].max() + 1
+    ours = processed_probs(logits, temperature, top_k, top_p)
+    ref = processed_probs_reference(logits, temperature, top_k, top_p)
+    # the supports agree up to the one token at the nucleus boundary, where float32 rounding of
+    # the running mass may fall either way (its probability is then tiny)
+    differ = (ours > 0) != (ref > 0)
+    assert differ.sum(-1).max() <= 1
+    assert float((ours + ref)[differ].sum()) < 1e-4 * max(1, int(differ.sum()))
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ours.sum(-1), torch.ones(8), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="invalid sampling parameters"):
+        processed_probs(logits, 0.0)
+    with pytest.raises(ValueError, match="2-D"):
+        processed_probs(logits[0], 1.0)
+
+
+def test_native_sampler_draws_the_processed_distribution():
+    """engine.sampler.sample on the CPU (native distribution, inverse-CDF draws from each
+    request's generator) against the processed probabilities: chi-square at 0.001."""
+    from sonarspec_ext.engine.sampler import sample
+    from sonarspec_ext.ops.reference import processed_probs_reference
+    logits = torch.randn(1, 40, generator=torch.Generator().manual_seed(3)) * 2
+    params = SamplingParams(temperature=0.9, top_k=25, top_p=0.9)
+    probs = processed_probs_reference(logits, 0.9, 25, 0.9)[0].double()
+    n = 4000
+    gens = [torch.Generator().manual_seed(s) for s in range(n)]
+    draws = [sample(logits, [params], [g])[0] for g in gens]
+    counts = torch.bincount(torch.tensor(draws), minlength=40).double()
+    assert counts[probs == 0].sum() == 0
+    assert_matches(counts, probs, "native sampler", min_df=3)

@@ -10,6 +10,7 @@
 #include "sonarspec/kv_store.h"
 #include "sonarspec/paged_attention.h"
 #include "sonarspec/rejection_sampling.h"
+#include "sonarspec/sampling.h"
 #include "sonarspec/shifted_scatter.h"
 #include "sonarspec/small_gemm.h"
 #ifdef SONARSPEC_WITH_CUDA
@@ -216,6 +217,12 @@ PYBIND11_MODULE(_C, m) {
              reinterpret_cast<const float*>(sin), reinterpret_cast<float*>(out), rows, heads, d);
   }, "Rotate-half RoPE, float32 CPU (raw pointers).");
   m.def("paged_attention", &paged_attention, "Small-query paged attention on the CPU, float32 (raw pointers).");
+  m.def("processed_probs", [](uintptr_t logits, uintptr_t probs, int64_t rows, int64_t vocab, float temperature,
+                              int64_t top_k, float top_p, int num_threads) {
+    py::gil_scoped_release release;
+    processed_probs_cpu(reinterpret_cast<const float*>(logits), reinterpret_cast<float*>(probs), rows, vocab,
+                        temperature, top_k, top_p, num_threads);
+  }, "Sampling distribution of logit rows (temperature, top-k, top-p), float32 CPU (raw pointers).");
   m.def("chain_speculative_sampling", &chain_speculative_sampling,
         "Chain rejection sampling with given float64 uniforms, CPU or CUDA (raw pointers).");
   m.def("tree_speculative_sampling", &tree_speculative_sampling,

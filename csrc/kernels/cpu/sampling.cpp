@@ -1,0 +1,88 @@
+// Processed sampling distributions; see sampling.h. Rows run in parallel.
+#include "sonarspec/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "sonarspec/thread_pool.h"
+#include "vec.h"
+
+namespace sonarspec {
+namespace {
+
+// Float bits of a positive value, as an integer, grow with the value: the top bits make
+// ordered buckets.
+constexpr int kBucketBits = 12;
+inline uint32_t bucket_of(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  return u >> (31 - kBucketBits);
+}
+
+// p: unnormalised probabilities (>= 0) summing to `total`; zeroes every token outside the
+// nucleus and returns the kept mass. Buckets of the float bits are walked from the largest
+// values down until the mass reaches top_p; only the bucket where it does is sorted.
+double nucleus(float* p, int64_t vocab, double total, float top_p) {
+  thread_local std::vector<double> sums;
+  thread_local std::vector<int64_t> boundary;
+  sums.assign(size_t{1} << kBucketBits, 0.0);
+  for (int64_t j = 0; j < vocab; ++j) {
+    if (p[j] > 0.f) sums[bucket_of(p[j])] += p[j];
+  }
+  const double target = static_cast<double>(top_p) * total;
+  double before = 0;  // mass of the buckets above the boundary one
+  int64_t b = static_cast<int64_t>(sums.size()) - 1;
+  for (; b > 0 && before + sums[b] < target; --b) before += sums[b];
+  boundary.clear();
+  for (int64_t j = 0; j < vocab; ++j) {
+    if (p[j] > 0.f && static_cast<int64_t>(bucket_of(p[j])) == b) boundary.push_back(j);
+  }
+  std::sort(boundary.begin(), boundary.end(),
+            [&](int64_t x, int64_t y) { return p[x] > p[y] || (p[x] == p[y] && x < y); });
+  // keep boundary tokens while the mass before them is below the target (the first always)
+  double kept = before;
+  size_t n = 0;
+  for (; n < boundary.size() && (kept < target || (n == 0 && before == 0)); ++n) kept += p[boundary[n]];
+  for (size_t i = n; i < boundary.size(); ++i) p[boundary[i]] = 0.f;
+  for (int64_t j = 0; j < vocab; ++j) {
+    if (p[j] > 0.f && static_cast<int64_t>(bucket_of(p[j])) < b) p[j] = 0.f;
+  }
+  return kept;
+}
+
+void one_row(const float* logits, float* p, int64_t vocab, float temperature, int64_t top_k, float top_p) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < vocab; ++j) {
+    p[j] = logits[j] / temperature;
+    mx = std::max(mx, p[j]);
+  }
+  if (top_k > 0 && top_k < vocab) {  // keep values >= the k-th largest
+    thread_local std::vector<float> tmp;
+    tmp.assign(p, p + vocab);
+    std::nth_element(tmp.begin(), tmp.begin() + (top_k - 1), tmp.end(), std::greater<float>());
+    const float kth = tmp[top_k - 1];
+    for (int64_t j = 0; j < vocab; ++j) {
+      if (p[j] < kth) p[j] = -INFINITY;
+    }
+  }
+  for (int64_t j = 0; j < vocab; ++j) p[j] -= mx;  // <= 0; -inf for removed tokens
+  exp_inplace(p, static_cast<int>(vocab));
+  double total = 0;
+  for (int64_t j = 0; j < vocab; ++j) total += p[j];
+  if (top_p < 1.f) total = nucleus(p, vocab, total, top_p);
+  const float inv = static_cast<float>(1.0 / total);
+  for (int64_t j = 0; j < vocab; ++j) p[j] *= inv;
+}
+
+}  // namespace
+
+void processed_probs_cpu(const float* logits, float* probs, int64_t rows, int64_t vocab, float temperature,
+                         int64_t top_k, float top_p, int num_threads) {
+  parallel_items(rows, rows > 1 ? num_threads : 1, [&](int64_t r) {
+    one_row(logits + r * vocab, probs + r * vocab, vocab, temperature, top_k, top_p);
+  });
+}
+
+}  // namespace sonarspec
