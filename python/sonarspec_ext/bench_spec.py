@@ -3,7 +3,7 @@
 One process, one run, same prompts: plain decoding, draft_target at several K, ngram,
 MTP chains at several K, EAGLE trees drafted by the same head, and transformers generate /
 assisted generation (``assistant_model`` = the same draft).
-Greedy throughout; every scheme's output is checked equal to plain decoding first.
+Greedy by default, every scheme's output checked equal to plain decoding first; or sampled.
 """
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ PROMPTS = [
 ]
 
 
-def _run_llm(llm: LLM, prompts: List[str], params: SamplingParams, batch_size: int):
+def _run_llm(llm: LLM, prompts: List[str], params: List[SamplingParams], batch_size: int):
     out = []
     for i in range(0, len(prompts), batch_size):
-        out += llm.generate(prompts[i:i + batch_size], params)
+        out += llm.generate(prompts[i:i + batch_size], params[i:i + batch_size])
     return out
 
 
@@ -55,20 +55,24 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                max_tokens: int = 96, repeats: int = 3, with_transformers: bool = True,
                threads: Optional[int] = None, mtp: Optional[str] = None, mtp_ks=(1, 2, 3, 4),
                with_ngram: bool = True, spec_max_batch: Optional[int] = None, trees=(), device: str = "cpu",
-               dtype: str = "float32") -> dict:
+               dtype: str = "float32", temperature: float = 0.0, top_p: float = 1.0) -> dict:
     """Every scheme on the same prompts in one process. Each scheme's greedy output is
     first checked equal to plain decoding (on the CPU a difference is an error; on CUDA,
     where torch's GEMMs and SDPA may round a verification pass differently from a decoding
     one, the agreement is recorded); timing rounds are interleaved across schemes (round r
     times every scheme once) so machine noise hits all of them alike; the reported time is
     each scheme's median over the rounds. ``trees``: (depth, top_k, num_nodes) of the
-    EAGLE trees to run with the MTP head."""
+    EAGLE trees to run with the MTP head. ``temperature`` > 0 samples (seeded per prompt)
+    instead: outputs then differ between schemes by design (the tests check the sampled
+    distributions), and agreement is not checked."""
     if threads:
         torch.set_num_threads(threads)
     target_dir = resolve(target, "target")
     draft_dir = resolve(draft, "draft") if draft else None
     mtp_dir = resolve(mtp, "mtp") if mtp else None
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=i, ignore_eos=True)
+              for i in range(len(PROMPTS))]
+    sampled = temperature > 0
     schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram, trees)
     llms = {name: LLM(target_dir, spec=spec, spec_max_batch=spec_max_batch, device=device, dtype=dtype)
             for name, spec in schemes}
@@ -79,7 +83,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
         for name, _ in schemes:
             got = [o.token_ids for o in _run_llm(llms[name], PROMPTS, params, bs)]
             agree[name] = sum(a == b for a, b in zip(got, ref))
-            if agree[name] != len(ref) and torch.device(device).type == "cpu":
+            if agree[name] != len(ref) and torch.device(device).type == "cpu" and not sampled:
                 raise RuntimeError(f"{name} output differs from plain greedy decoding; not timing")
             llms[name].engine.finished_stats.clear()
         times = {name: [] for name, _ in schemes}
@@ -95,11 +99,11 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
             rows.append({"batch_size": bs, "scheme": name, "tok_s": round(tok_s, 1),
                          "speedup": round(tok_s / base, 3), "tau": round(s["acceptance_length"], 3),
                          "accepted_per_position": [round(a, 3) for a in s["accepted_per_position"]],
-                         "greedy_agreement": f"{agree[name]}/{len(ref)}"})
-        if with_transformers and bs == 1 and draft_dir:
+                         **({} if sampled else {"greedy_agreement": f"{agree[name]}/{len(ref)}"})})
+        if with_transformers and bs == 1 and draft_dir and not sampled:
             rows += _bench_transformers(target_dir, draft_dir, ref, max_tokens, repeats, base, device, dtype)
     return {"target": target_dir, "draft": draft_dir, "mtp": mtp_dir, "spec_max_batch": spec_max_batch,
-            "max_tokens": max_tokens, "device": str(device), "dtype": dtype,
+            "max_tokens": max_tokens, "device": str(device), "dtype": dtype, "temperature": temperature, "top_p": top_p,
             "num_prompts": len(PROMPTS), "repeats": repeats, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "results": rows}
 
@@ -143,7 +147,8 @@ def acceptance_note(row: dict) -> str:
 
 def print_spec_table(info: dict) -> None:
     print(f"target {info['target']}\ndraft  {info['draft']}\nmtp    {info.get('mtp')}")
-    print(f"{info['num_prompts']} prompts x {info['max_tokens']} tokens, greedy, median of {info['repeats']} "
+    mode = f"T = {info['temperature']}, top-p {info['top_p']}" if info.get("temperature") else "greedy"
+    print(f"{info['num_prompts']} prompts x {info['max_tokens']} tokens, {mode}, median of {info['repeats']} "
           f"interleaved rounds, {info['threads']} threads")
     print(f"{'batch':>5}  {'scheme':<26} {'tok/s':>8} {'vs plain':>8} {'tau':>6}  per-position acceptance")
     for r in info["results"]:

@@ -58,7 +58,7 @@ def _bench(args) -> int:
         info = bench_spec(target, None if tree else args.draft, args.ks, args.batch_sizes, args.max_tokens,
                           args.repeats, full and not args.no_transformers, args.threads, mtp, args.mtp_ks,
                           with_ngram=full, spec_max_batch=args.spec_max_batch, trees=trees if mtp else (),
-                          device=args.device, dtype=args.dtype)
+                          device=args.device, dtype=args.dtype, temperature=args.temperature, top_p=args.top_p)
         if tree:
             from .bench_attention import bench_tree_attention, print_attention_table
             from .models.config import ModelConfig
@@ -72,8 +72,9 @@ def _bench(args) -> int:
         if args.plot and not plot_spec(info, args.plot):
             print("bench: matplotlib is not installed; no chart written", file=sys.stderr)
         return 0
-    if args.device != "cpu" or args.dtype != "float32":
-        raise ValueError("--device and --dtype apply to --spec all/mtp/eagle_tree; --spec none runs float32 on the CPU")
+    if args.device != "cpu" or args.dtype != "float32" or args.temperature or args.top_p != 1.0:
+        raise ValueError("--device, --dtype, --temperature and --top-p apply to --spec all/mtp/eagle_tree; "
+                         "--spec none runs greedy float32 on the CPU")
     info = bench_decode(None if args.model == "synthetic-30m" else args.model, args.batch_sizes,
                         args.prompt_len, args.max_tokens, args.repeats, args.threads,
                         with_transformers=not args.no_transformers)
@@ -172,6 +173,9 @@ def main(argv=None) -> int:
     b.add_argument("--device", default="cpu", help="--spec all/mtp/eagle_tree: cpu or cuda")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="--spec all/mtp/eagle_tree: activation dtype")
+    b.add_argument("--temperature", type=float, default=0.0,
+                   help="--spec all/mtp/eagle_tree: sample at this temperature (seeded per prompt; 0: greedy)")
+    b.add_argument("--top-p", type=float, default=1.0, help="--spec all/mtp/eagle_tree: nucleus for sampling")
     b.add_argument("--json", default=None, help="write results to this JSON file")
     b.set_defaults(func=_bench)
     _add_train_mtp(sub)
