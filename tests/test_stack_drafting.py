@@ -10,8 +10,8 @@ import sonarspec_ext.spec.draft_model as draft_model
 import sonarspec_ext.spec.mtp as mtp
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
 from sonarspec_ext.engine.runner import ModelRunner
-from sonarspec_ext.ops.stack_drafting import greedy_chain, rows_forward
-from sonarspec_ext.spec.proposer import native_greedy_chains
+from sonarspec_ext.ops.stack_drafting import chain, rows_forward
+from sonarspec_ext.spec.proposer import native_chains
 
 REAL_NATIVE_ROWS = ModelRunner._native_rows
 
@@ -23,8 +23,8 @@ def _drafts(model, spec, prompts, native: bool, monkeypatch, params=PARAMS):
     """Every step's proposed chains, and the outputs; ``native`` False: no native chains
     and no native row forwards (the per-op path)."""
     for mod in (mtp, draft_model):
-        monkeypatch.setattr(mod, "native_greedy_chains",
-                            native_greedy_chains if native else (lambda *a, **k: None))
+        monkeypatch.setattr(mod, "native_chains",
+                            native_chains if native else (lambda *a, **k: None))
     monkeypatch.setattr(ModelRunner, "_native_rows", REAL_NATIVE_ROWS if native else (lambda *a, **k: None))
     llm = LLM(model, spec=spec)
     proposer, seen, used = llm.engine.proposer, [], []
@@ -36,14 +36,14 @@ def _drafts(model, spec, prompts, native: bool, monkeypatch, params=PARAMS):
         return out
     proposer.propose = recording
     if native:
-        real_chains = native_greedy_chains
+        real_chains = native_chains
 
         def counting(*a, **k):
             out = real_chains(*a, **k)
             used.append(out is not None)
             return out
         for mod in (mtp, draft_model):
-            monkeypatch.setattr(mod, "native_greedy_chains", counting)
+            monkeypatch.setattr(mod, "native_chains", counting)
     outs = [o.token_ids for o in llm.generate(prompts, params)]
     return seen, outs, used
 
@@ -65,6 +65,43 @@ def test_draft_model_chains_equal_round_by_round(llama_dir, mistral_dir, request
     b, out_b, _ = _drafts(target, spec, PROMPTS, False, monkeypatch)
     assert any(used), "the native chain never ran"
     assert a == b and out_a == out_b
+
+
+@pytest.mark.parametrize("method,k", [("mtp", 3), ("draft_target", 4)])
+def test_sampled_drafts_equal_round_by_round(method, k, monkeypatch):
+    """Drafts drawn from the drafter's distribution (draft_sampling): the native chain draws
+    the same tokens with the same distributions as the rounds one by one, for seeded sampled
+    requests mixed with a greedy one, and the outputs agree."""
+    spec = SpecConfig(method=method, num_draft_tokens=k)
+    prompts = ["def parse_args(argv):", "import os\n", "class Stack:"]
+    params = [SamplingParams(max_tokens=40, temperature=t, top_k=tk, top_p=tp, seed=s, ignore_eos=True)
+              for t, tk, tp, s in ((0.8, 0, 0.95, 1), (1.0, 50, 1.0, 2), (0.0, 0, 1.0, 3))]
+    runs, used = [], []
+
+    def counting(*a, **kw):
+        out = native_chains(*a, **kw)
+        used.append(out is not None)
+        return out
+    for native in (True, False):
+        for mod in (mtp, draft_model):
+            monkeypatch.setattr(mod, "native_chains", counting if native else (lambda *a, **kw: None))
+        llm = LLM("default", spec=spec, draft_sampling=True)
+        seen, real = [], llm.engine.proposer.propose
+
+        def recording(seqs, ks, real=real, seen=seen):
+            out = real(seqs, ks)
+            seen.append([(d.token_ids, d.probs) for d in out])
+            return out
+        llm.engine.proposer.propose = recording
+        outs = [o.token_ids for o in llm.generate(prompts, params)]
+        runs.append((seen, outs))
+    (a, out_a), (b, out_b) = runs
+    assert sum(used) >= 5, "the native chain never ran"
+    assert out_a == out_b and len(a) == len(b)
+    for step_a, step_b in zip(a, b):
+        assert [t for t, _ in step_a] == [t for t, _ in step_b]
+        for (_, pa), (_, pb) in zip(step_a, step_b):
+            assert torch.equal(pa, pb)
 
 
 @pytest.mark.parametrize("method,k", [("mtp", 3), ("draft_target", 4)])
@@ -108,14 +145,17 @@ def test_greedy_chain_rejects_bad_input():
     table = torch.arange(4).view(1, 4)
     one = torch.tensor([1])
     with pytest.raises(ValueError, match="outside the block table"):
-        greedy_chain(stack, embed, lm_head, 100, one, torch.tensor([63]), table, 16, 0, 2)
+        chain(stack, embed, lm_head, 100, one, torch.tensor([63]), table, 16, 0, 2)
     with pytest.raises(ValueError, match="tokens must be"):
-        greedy_chain(stack, embed, lm_head, 100, one.int(), torch.tensor([3]), table, 16, 0, 2)
+        chain(stack, embed, lm_head, 100, one.int(), torch.tensor([3]), table, 16, 0, 2)
     with pytest.raises(ValueError, match="vocab"):
-        greedy_chain(stack, embed, lm_head, lm_head.shape[0] + 1, one, torch.tensor([3]), table, 16, 0, 2)
+        chain(stack, embed, lm_head, lm_head.shape[0] + 1, one, torch.tensor([3]), table, 16, 0, 2)
     with pytest.raises(ValueError, match="features go with MTP heads"):
-        greedy_chain(stack, embed, lm_head, 100, one, torch.tensor([3]), table, 16, 0, 2,
-                     features=torch.zeros(1, model.config.hidden_size))
+        chain(stack, embed, lm_head, 100, one, torch.tensor([3]), table, 16, 0, 2,
+              features=torch.zeros(1, model.config.hidden_size))
+    with pytest.raises(ValueError, match="uniforms must be"):
+        chain(stack, embed, lm_head, 100, one, torch.tensor([3]), table, 16, 0, 2,
+              sampling=(torch.ones(1), torch.zeros(1, dtype=torch.long), torch.ones(1), torch.zeros(1, 3).double()))
     with pytest.raises(ValueError, match="rows of at least one token"):
         rows_forward(stack, embed, lm_head, one, torch.tensor([3]), torch.tensor([0]), table, 16)
     with pytest.raises(ValueError, match="token 9000 out of range"):

@@ -87,14 +87,23 @@ class DecoderStack {
   // io: embed, embed_bf16, lm_head, lm_head_bf16, lm_rows, block_table, max_pages, page_size, window.
   using IOArgs = std::tuple<uintptr_t, bool, uintptr_t, bool, int64_t, uintptr_t, int64_t, int64_t, int64_t>;
 
-  void greedy_chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t positions,
-                    int64_t batch, int64_t steps, uintptr_t out_tokens, int num_threads) {
+  // sampling: (temperature, top_k, top_p, uniforms, probs) pointers, or all 0 for top tokens.
+  void chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t positions,
+             int64_t batch, int64_t steps, const std::array<uintptr_t, 5>& sampling, uintptr_t out_tokens,
+             int num_threads) {
     const StackIO io = make_io(io_args, features, batch);
     if (vocab <= 0 || vocab > io.lm_rows || steps < 0) throw std::invalid_argument("DecoderStack: invalid vocab/steps");
     auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
+    ChainSampling cs;
+    cs.temperature = reinterpret_cast<const float*>(sampling[0]);
+    cs.top_k = i(sampling[1]);
+    cs.top_p = reinterpret_cast<const float*>(sampling[2]);
+    cs.uniforms = reinterpret_cast<const double*>(sampling[3]);
+    cs.probs = reinterpret_cast<float*>(sampling[4]);
+    const bool sampled = sampling[0] != 0;
     py::gil_scoped_release release;
-    stack_greedy_chain(weights_, shape_, io, vocab, i(tokens), reinterpret_cast<const float*>(features),
-                       i(positions), batch, steps, reinterpret_cast<int64_t*>(out_tokens), num_threads);
+    stack_chain(weights_, shape_, io, vocab, i(tokens), reinterpret_cast<const float*>(features), i(positions), batch,
+                steps, sampled ? &cs : nullptr, reinterpret_cast<int64_t*>(out_tokens), num_threads);
   }
 
   void rows_forward(const IOArgs& io_args, uintptr_t tokens, uintptr_t features, uintptr_t starts, uintptr_t lens,
@@ -146,8 +155,8 @@ void bind_decoder_stack(py::module_& m) {
       .def("forward", &DecoderStack::forward,
            "Runs the stack over x (m, hidden) in place (an MTP head's input projection with features first) and "
            "writes final_norm(x) to out; returns the number of tokens with an out-of-range KV slot.")
-      .def("greedy_chain", &DecoderStack::greedy_chain,
-           "Greedy chain drafting: steps rounds of embed, stack, lm_head, argmax (see stack_drafting.h).")
+      .def("chain", &DecoderStack::chain,
+           "Chain drafting: steps rounds of embed, stack, lm_head, then the top token or a draw (stack_drafting.h).")
       .def("rows_forward", &DecoderStack::rows_forward,
            "Embed, stack and lm_head over rows of tokens: logits and outputs at each row's last token.")
       .def_property_readonly("num_layers", &DecoderStack::num_layers);

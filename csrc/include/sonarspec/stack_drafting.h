@@ -31,12 +31,25 @@ void stack_rows_forward(const DecoderStackWeights& weights, const DecoderShape& 
                         const int64_t* tokens, const float* features, const int64_t* starts, const int64_t* lens,
                         int64_t batch, float* out_logits, float* out_features, int num_threads);
 
-// Greedy chain drafting: `steps` rounds of one token per sequence at positions[b] + round
-// (input tokens[b] in round 0, then each round's top token; an MTP head's features are
-// features[b] in round 0, then its own outputs); the top token is the first maximum among
-// the first `vocab` logits, as torch.argmax. out_tokens: (batch, steps).
-void stack_greedy_chain(const DecoderStackWeights& weights, const DecoderShape& shape, const StackIO& io,
-                        int64_t vocab, const int64_t* tokens, const float* features, const int64_t* positions,
-                        int64_t batch, int64_t steps, int64_t* out_tokens, int num_threads);
+// Drawing chain tokens from the drafter's distribution instead of taking its top token:
+// per sequence b, temperature[b] > 0 draws from processed_probs_cpu of the first `vocab`
+// logits (top_k[b], top_p[b]) by inverse CDF with uniforms[b * steps + round] (the chain
+// sampler's draw), and writes that distribution to probs (batch, steps, vocab);
+// temperature[b] <= 0 takes the top token and writes its one-hot row.
+struct ChainSampling {
+  const float* temperature = nullptr;  // (batch,)
+  const int64_t* top_k = nullptr;
+  const float* top_p = nullptr;
+  const double* uniforms = nullptr;    // (batch, steps)
+  float* probs = nullptr;              // (batch, steps, vocab)
+};
+
+// Chain drafting: `steps` rounds of one token per sequence at positions[b] + round (input
+// tokens[b] in round 0, then each round's token; an MTP head's features are features[b] in
+// round 0, then its own outputs). Without `sampling` (null) the token is the first maximum
+// among the first `vocab` logits, as torch.argmax. out_tokens: (batch, steps).
+void stack_chain(const DecoderStackWeights& weights, const DecoderShape& shape, const StackIO& io, int64_t vocab,
+                 const int64_t* tokens, const float* features, const int64_t* positions, int64_t batch, int64_t steps,
+                 const ChainSampling* sampling, int64_t* out_tokens, int num_threads);
 
 }  // namespace sonarspec

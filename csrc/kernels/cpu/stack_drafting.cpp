@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "sonarspec/rejection_sampling.h"
+#include "sonarspec/sampling.h"
 #include "sonarspec/small_gemm.h"
 
 namespace sonarspec {
@@ -86,9 +88,17 @@ void stack_rows_forward(const DecoderStackWeights& w, const DecoderShape& s, con
   lm_head(io, out_features, out_logits, batch, H, num_threads);
 }
 
-void stack_greedy_chain(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, int64_t vocab,
-                        const int64_t* tokens, const float* features, const int64_t* positions, int64_t batch,
-                        int64_t steps, int64_t* out_tokens, int num_threads) {
+int64_t top_token(const float* l, int64_t vocab) {
+  int64_t best = 0;
+  for (int64_t v = 1; v < vocab; ++v) {  // first maximum; a NaN wins, as in torch.argmax
+    if (l[v] > l[best] || (std::isnan(l[v]) && !std::isnan(l[best]))) best = v;
+  }
+  return best;
+}
+
+void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, int64_t vocab,
+                 const int64_t* tokens, const float* features, const int64_t* positions, int64_t batch, int64_t steps,
+                 const ChainSampling* sampling, int64_t* out_tokens, int num_threads) {
   const int64_t H = s.hidden;
   Step step(io, batch, H);
   std::vector<float> feats(static_cast<size_t>(batch * H)), logits(static_cast<size_t>(batch * io.lm_rows));
@@ -102,12 +112,25 @@ void stack_greedy_chain(const DecoderStackWeights& w, const DecoderShape& s, con
     lm_head(io, feats.data(), logits.data(), batch, H, num_threads);
     for (int64_t b = 0; b < batch; ++b) {
       const float* l = logits.data() + b * io.lm_rows;
-      int64_t best = 0;
-      for (int64_t v = 1; v < vocab; ++v) {  // first maximum; a NaN wins, as in torch.argmax
-        if (l[v] > l[best] || (std::isnan(l[v]) && !std::isnan(l[best]))) best = v;
+      int64_t tok;
+      if (sampling == nullptr) {
+        tok = top_token(l, vocab);
+      } else {
+        float* q = sampling->probs + (b * steps + r) * vocab;
+        if (sampling->temperature[b] > 0.f) {
+          processed_probs_cpu(l, q, 1, vocab, sampling->temperature[b], sampling->top_k[b], sampling->top_p[b], 1);
+          int64_t drawn, accepted, emitted;
+          chain_speculative_sampling_cpu(nullptr, nullptr, q, sampling->uniforms + b * steps + r, &drawn, &accepted,
+                                         &emitted, 1, 0, vocab, 1);
+          tok = drawn;
+        } else {
+          tok = top_token(l, vocab);
+          std::fill(q, q + vocab, 0.f);
+          q[tok] = 1.f;
+        }
       }
-      next[b] = best;
-      out_tokens[b * steps + r] = best;
+      next[b] = tok;
+      out_tokens[b * steps + r] = tok;
     }
   }
 }

@@ -29,23 +29,26 @@ def sample_from_probs(probs: torch.Tensor, generator: Optional[torch.Generator])
     return (probs / e).argmax(-1)
 
 
+def draw(probs: torch.Tensor, generators: Sequence[Optional[torch.Generator]]) -> List[int]:
+    """One token per row of ``probs`` (n, vocab_size), row i with ``generators[i]``: on the
+    CPU by inverse CDF with one float64 uniform per row (the native chain sampler with no
+    drafts); elsewhere by the exponential race."""
+    if probs.device.type != "cpu":
+        return [int(sample_from_probs(probs[r:r + 1], g).item()) for r, g in enumerate(generators)]
+    u = torch.stack([torch.rand(1, dtype=torch.float64, generator=g) for g in generators])
+    out = chain_speculative_sampling(None, torch.zeros(len(generators), 0, dtype=torch.long), probs[:, None],
+                                     uniforms=u)[0]
+    return out[:, 0].tolist()
+
+
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[Optional[torch.Generator]]) -> List[int]:
-    """``logits``: (batch_size, vocab_size), one row per request -> one token id each. On the
-    CPU the sampled rows draw together by inverse CDF, one float64 uniform from each
-    request's generator (``ops.chain_speculative_sampling`` with no drafts); elsewhere by
-    the exponential race."""
+    """``logits``: (batch_size, vocab_size), one row per request -> one token id each (greedy
+    rows take the top token; the others ``draw`` from their processed distribution)."""
     out = logits.argmax(-1).tolist()
     rows = [i for i, p in enumerate(params) if not p.greedy]
-    if not rows:
-        return out
-    probs = torch.cat([processed_probs(logits[i:i + 1], params[i]) for i in rows])
-    if logits.device.type != "cpu":
-        for r, i in enumerate(rows):
-            out[i] = int(sample_from_probs(probs[r:r + 1], generators[i]).item())
-        return out
-    u = torch.stack([torch.rand(1, dtype=torch.float64, generator=generators[i]) for i in rows])
-    drawn = chain_speculative_sampling(None, torch.zeros(len(rows), 0, dtype=torch.long), probs[:, None], uniforms=u)[0]
-    for r, i in enumerate(rows):
-        out[i] = int(drawn[r, 0])
+    if rows:
+        probs = torch.cat([processed_probs(logits[i:i + 1], params[i]) for i in rows])
+        for i, tok in zip(rows, draw(probs, [generators[i] for i in rows])):
+            out[i] = tok
     return out

@@ -1,6 +1,6 @@
 """Drafting with a ``DecoderStack``: a drafter's forward over a few tokens - embedding,
-stack, lm_head - as one native call (``rows_forward``), and greedy chain drafting, all
-rounds of embedding, stack, lm_head and top token in one call (``greedy_chain``). Same
+stack, lm_head - as one native call (``rows_forward``), and chain drafting, all rounds of
+embedding, stack, lm_head and the top token or a draw in one call (``chain``). Same
 kernels as the per-op path, so the same logits and tokens."""
 from __future__ import annotations
 
@@ -73,14 +73,18 @@ def rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor
     return logits, out
 
 
-def greedy_chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, tokens: torch.Tensor,
-                 positions: torch.Tensor, block_table: torch.Tensor, page_size: int, window: Optional[int], steps: int,
-                 features: Optional[torch.Tensor] = None) -> torch.Tensor:
+def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, tokens: torch.Tensor,
+          positions: torch.Tensor, block_table: torch.Tensor, page_size: int, window: Optional[int], steps: int,
+          features: Optional[torch.Tensor] = None, sampling: Optional[tuple] = None
+          ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``steps`` rounds of one token per sequence: ``tokens`` (batch,) embedded at
     ``positions`` + round (an MTP head on ``features`` (batch, hidden), then on its own
-    outputs), logits through ``lm_head``, the top token among the first ``vocab`` feeding
-    the next round. Returns every round's tokens (batch, steps) - what running the rounds
-    op by op returns."""
+    outputs), logits through ``lm_head``, and the round's token - the top one among the
+    first ``vocab`` logits, or with ``sampling`` = (temperature (batch,) float32, top_k
+    (batch,) int64, top_p (batch,) float32, uniforms (batch, steps) float64) a draw from
+    each row's processed distribution (temperature <= 0: the top token, one-hot) - feeding
+    the next round. Returns (tokens (batch, steps), the distributions (batch, steps, vocab)
+    with ``sampling``, else None): what running the rounds op by op returns."""
     B = tokens.shape[0] if isinstance(tokens, torch.Tensor) and tokens.dim() == 1 else 0
     if B == 0:
         raise ValueError("tokens must be a non-empty 1-D tensor")
@@ -90,9 +94,20 @@ def greedy_chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor
         raise ValueError(f"vocab {vocab} must lie in 1..{lm_head.shape[0]} and steps be >= 0")
     args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, B)
     out = torch.empty(B, steps, dtype=torch.int64)
+    probs, ptrs = None, (0, 0, 0, 0, 0)
+    if sampling is not None:
+        temperature, top_k, top_p, uniforms = sampling
+        for name, t, dtype in (("temperature", temperature, torch.float32), ("top_p", top_p, torch.float32),
+                               ("top_k", top_k, torch.int64)):
+            if t.dtype != dtype or t.shape != (B,) or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous {dtype} tensor of shape [{B}]")
+        if uniforms.dtype != torch.float64 or uniforms.shape != (B, steps) or not uniforms.is_contiguous():
+            raise ValueError(f"uniforms must be a contiguous float64 tensor of shape [{B}, {steps}]")
+        probs = torch.empty(B, steps, vocab, dtype=torch.float32)
+        ptrs = (temperature.data_ptr(), top_k.data_ptr(), top_p.data_ptr(), uniforms.data_ptr(), probs.data_ptr())
     try:
-        stack._native.greedy_chain(args, vocab, tokens.data_ptr(), 0 if features is None else features.data_ptr(),
-                                   positions.data_ptr(), B, steps, out.data_ptr(), native_threads())
+        stack._native.chain(args, vocab, tokens.data_ptr(), 0 if features is None else features.data_ptr(),
+                            positions.data_ptr(), B, steps, ptrs, out.data_ptr(), native_threads())
     except IndexError as e:
         raise ValueError(str(e)) from None
-    return out
+    return out, probs

@@ -18,7 +18,7 @@ import torch
 from ..engine.kv_cache import KVCache
 from ..engine.runner import ModelRunner
 from ..models.mtp import MTPHead
-from .proposer import Draft, Proposer, StepRecord, native_greedy_chains, propose_chains
+from .proposer import Draft, Proposer, StepRecord, native_chains, propose_chains
 
 
 @dataclass
@@ -66,12 +66,12 @@ class MTPProposer(Proposer):
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
         states = [self.state[s.seq_id] for s in seqs]
         feats = [st.feature for st in states]
-        if seqs and not self.sample_drafts and self.head.draft_vocab is None:
+        if seqs and self.head.draft_vocab is None:
             embed, lm_head = (m.weight for m in self.head._shared)
-            drafts = native_greedy_chains(
+            drafts = native_chains(
                 self.runner, embed, lm_head, lm_head.shape[0], seqs, ks, [st.logits for st in states],
                 [s.num_tokens - 1 for s in seqs], [self.page_table(s) for s in seqs],
-                self.head.config.sliding_window, torch.stack(feats))
+                self.head.config.sliding_window, self.vocab_size, torch.stack(feats), self.sample_drafts)
             if drafts is not None:
                 return drafts
 

@@ -10,9 +10,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..engine.sampler import processed_probs, sample_from_probs
+from ..engine.sampler import draw, processed_probs
 from ..ops.linear import SMALL_M_MAX_ROWS
-from ..ops.stack_drafting import greedy_chain
+from ..ops.stack_drafting import chain
 
 
 @dataclass
@@ -99,7 +99,7 @@ def draw_draft(seq, logits: torch.Tensor, sample_drafts: bool) -> Tuple[int, Opt
     if seq.params.greedy or not sample_drafts:
         return int(logits.argmax()), None
     q = processed_probs(logits.unsqueeze(0), seq.params)
-    return int(sample_from_probs(q, seq.generator)[0]), q[0]
+    return draw(q, [seq.generator])[0], q[0]
 
 
 def _add_draft_token(draft: Draft, tok: int, q: Optional[torch.Tensor], vocab_size: int) -> None:
@@ -129,26 +129,48 @@ def propose_chains(seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor]
     return drafts
 
 
-def native_greedy_chains(runner, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, seqs: Sequence,
-                         ks: Sequence[int], logits: List[torch.Tensor], positions: Sequence[int],
-                         tables: Sequence[Sequence[int]], window: Optional[int],
-                         features: Optional[torch.Tensor] = None) -> Optional[List[Draft]]:
-    """``propose_chains`` with top-token drafting, in one native call
-    (``ops.DecoderStack.greedy_chain``) when every sequence takes the same k >= 2 and the
-    drafter runs as a native stack: draft 1 is the top token of ``logits[i]``, drafts 2..k
-    come from the chain, whose first round runs at ``positions[i]`` with ``embed`` /
-    ``lm_head`` (top token among the first ``vocab`` logits). None when it does not apply;
-    ``propose_chains`` then runs the rounds one by one, with the same result."""
+def native_chains(runner, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, seqs: Sequence, ks: Sequence[int],
+                  logits: List[torch.Tensor], positions: Sequence[int], tables: Sequence[Sequence[int]],
+                  window: Optional[int], width: int, features: Optional[torch.Tensor] = None,
+                  sample_drafts: bool = False) -> Optional[List[Draft]]:
+    """``propose_chains`` in one native call (``ops.stack_drafting.chain``) when every
+    sequence takes the same k >= 2 and the drafter runs as a native stack: draft 1 is
+    ``draw_draft`` from ``logits[i]``, drafts 2..k come from the chain, whose first round runs
+    at ``positions[i]`` with ``embed`` / ``lm_head`` (the first ``vocab`` logits). With
+    ``sample_drafts`` the chain draws each request's tokens from its processed
+    distribution with uniforms from its generator, in the order the rounds would draw
+    them; ``width`` is the vocabulary of the drafts' distributions (zero-padded past
+    ``vocab``). None when it does not apply; ``propose_chains`` then runs the rounds one by one,
+    with the same result."""
     k, B = (ks[0] if ks else 0), len(seqs)
     if k < 2 or any(x != k for x in ks) or runner.device.type != "cpu":
         return None
     stack = runner.stack()
     if stack is None or B > stack.max_rows or (lm_head.dtype == torch.float32 and B > SMALL_M_MAX_ROWS):
         return None
-    first = [int(lg.argmax()) for lg in logits]
+    first = [draw_draft(s, lg, sample_drafts) for s, lg in zip(seqs, logits)]
     table = torch.zeros(B, max(len(t) for t in tables), dtype=torch.long)
     for i, t in enumerate(tables):
         table[i, :len(t)] = torch.as_tensor(t, dtype=torch.long)
-    out = greedy_chain(stack, embed, lm_head, vocab, torch.tensor(first), torch.tensor(list(positions)), table,
-                       runner.kv_cache.page_size, window, k - 1, features)
-    return [Draft([f] + row) for f, row in zip(first, out.tolist())]
+    sampling = None
+    if sample_drafts:
+        ps = [s.params for s in seqs]
+        uniforms = torch.zeros(B, k - 1, dtype=torch.float64)
+        for i, s in enumerate(seqs):
+            if not s.params.greedy:
+                uniforms[i] = torch.cat([torch.rand(1, dtype=torch.float64, generator=s.generator)
+                                         for _ in range(k - 1)])
+        sampling = (torch.tensor([0.0 if p.greedy else p.temperature for p in ps], dtype=torch.float32),
+                    torch.tensor([p.top_k for p in ps], dtype=torch.long),
+                    torch.tensor([p.top_p for p in ps], dtype=torch.float32), uniforms)
+    out, probs = chain(stack, embed, lm_head, vocab, torch.tensor([t for t, _ in first]),
+                       torch.tensor(list(positions)), table, runner.kv_cache.page_size, window, k - 1, features,
+                       sampling)
+    if not sample_drafts:
+        return [Draft([t] + row) for (t, _), row in zip(first, out.tolist())]
+    probs = torch.nn.functional.pad(probs, (0, width - vocab))
+    drafts = []
+    for i, ((t, q), row) in enumerate(zip(first, out.tolist())):
+        q = q if q is not None else torch.nn.functional.one_hot(torch.tensor(t), width).float()
+        drafts.append(Draft([t] + row, torch.cat([q[None], probs[i]])))
+    return drafts
