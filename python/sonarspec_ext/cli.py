@@ -58,7 +58,8 @@ def _bench(args) -> int:
         info = bench_spec(target, None if tree else args.draft, args.ks, args.batch_sizes, args.max_tokens,
                           args.repeats, full and not args.no_transformers, args.threads, mtp, args.mtp_ks,
                           with_ngram=full, spec_max_batch=args.spec_max_batch, trees=trees if mtp else (),
-                          device=args.device, dtype=args.dtype, temperature=args.temperature, top_p=args.top_p)
+                          device=args.device, dtype=args.dtype, temperature=args.temperature, top_p=args.top_p,
+                          draft_sampling=args.draft_sampling)
         if tree:
             from .bench_attention import bench_tree_attention, print_attention_table
             from .models.config import ModelConfig
@@ -176,6 +177,8 @@ def main(argv=None) -> int:
     b.add_argument("--temperature", type=float, default=0.0,
                    help="--spec all/mtp/eagle_tree: sample at this temperature (seeded per prompt; 0: greedy)")
     b.add_argument("--top-p", type=float, default=1.0, help="--spec all/mtp/eagle_tree: nucleus for sampling")
+    b.add_argument("--draft-sampling", action="store_true",
+                   help="draw sampled requests' drafts from the drafter's distribution (engine option draft_sampling)")
     b.add_argument("--json", default=None, help="write results to this JSON file")
     b.set_defaults(func=_bench)
     _add_train_mtp(sub)
