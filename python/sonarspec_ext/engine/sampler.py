@@ -22,6 +22,19 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return sampling_probs(logits, params.temperature, params.top_k, params.top_p)
 
 
+def processed_probs_rows(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """``processed_probs`` of each row of ``logits`` (n, vocab_size) with its own entry of
+    ``params``: rows sharing sampling parameters go through one native call."""
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    groups = {}
+    for i, p in enumerate(params):
+        groups.setdefault((p.greedy, p.temperature, p.top_k, p.top_p), []).append(i)
+    for rows in groups.values():
+        idx = torch.tensor(rows, device=logits.device)
+        out[idx] = processed_probs(logits[idx], params[rows[0]])
+    return out
+
+
 def sample_from_probs(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
     """One draw per row of ``probs`` (n, vocab_size) via the exponential race
     argmax(p / E), E ~ Exp(1): exact categorical sampling without a cumsum."""
@@ -48,7 +61,7 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     out = logits.argmax(-1).tolist()
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
-        probs = torch.cat([processed_probs(logits[i:i + 1], params[i]) for i in rows])
+        probs = processed_probs_rows(logits[rows], [params[i] for i in rows])
         for i, tok in zip(rows, draw(probs, [generators[i] for i in rows])):
             out[i] = tok
     return out

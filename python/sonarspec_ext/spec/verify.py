@@ -11,7 +11,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from .. import ops
-from ..engine.sampler import processed_probs
+from ..engine.sampler import processed_probs, processed_probs_rows
 from ..ops.reference import inverse_cdf
 from .proposer import Draft
 
@@ -72,7 +72,8 @@ def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, Optional[torch.
             groups.setdefault((len(draft.token_ids), draft.probs is not None), []).append(i)
     for (k, has_q), idx in groups.items():
         dev = items[idx[0]][0].device
-        p = torch.stack([processed_probs(items[i][0], items[i][2]) for i in idx])
+        p = processed_probs_rows(torch.cat([items[i][0] for i in idx]), [items[i][2] for i in idx for _ in range(k + 1)])
+        p = p.view(len(idx), k + 1, -1)
         u = torch.stack([torch.rand(k + 1, dtype=torch.float64, generator=items[i][3], device=dev) for i in idx])
         q = torch.stack([items[i][1].probs for i in idx]).float() if has_q else None
         ids = torch.tensor([items[i][1].token_ids for i in idx], dtype=torch.long, device=dev).view(len(idx), k)
