@@ -28,7 +28,7 @@ set -e
 echo "== kernel timings"
 "$PY" tools/gpu_bench.py --json "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/bench.log"
 echo "== speculation on the GPU (packaged models, bfloat16, batch 1 and 8)"
-"$PY" -m sonarspec_ext.cli bench --spec all --device cuda --dtype bfloat16 --repeats 3 --max-tokens 96 \
-  --json "$OUT/spec_cuda.json" 2>&1 | tee "$OUT/spec_cuda.log"
+"$PY" -m sonarspec_ext.cli bench --spec all --device cuda --dtype bfloat16 --ks 2 4 --mtp-ks 1 3 --repeats 2 \
+  --max-tokens 64 --no-transformers --json "$OUT/spec_cuda.json" 2>&1 | tee "$OUT/spec_cuda.log"
 echo "results in $OUT (tests exit status $tests_rc)"
 exit "$tests_rc"
