@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Where a speculative step's time goes, on the packaged models (batch 1, greedy):
-the engine's time split per step for each scheme, and the native GEMM time per call by
-shape (rows, out, in, bfloat16 weights) measured inside the engine.
+the engine's time split per step for each scheme, and the time per call by shape (rows,
+out, in, bfloat16 weights) of the native GEMMs that run as calls of their own inside the
+engine - the lm_heads of the per-op path (the decoder stack and native drafting run
+their GEMMs inside one native call each, not seen here).
 
     python tools/profile_spec.py [--schemes plain mtp:3 draft_target:4] [--max-tokens 96]
 """
