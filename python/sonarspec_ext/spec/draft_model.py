@@ -61,7 +61,7 @@ class DraftModelProposer(Proposer):
 
         def advance(j, rows, drafts):
             return list(self._run([(seqs[i], seqs[i].num_tokens + j, [drafts[i].token_ids[j]]) for i in rows]))
-        return propose_chains(seqs, ks, logits, self.sample_drafts, self.vocab_size, advance)
+        return propose_chains(seqs, ks, logits, self.sample_drafts, advance)
 
     def after_step(self, records: Sequence[StepRecord]) -> None:
         rows = []

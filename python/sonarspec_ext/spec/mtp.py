@@ -82,7 +82,7 @@ class MTPProposer(Proposer):
             for r, i in enumerate(rows):
                 feats[i] = out_feats[r]
             return list(out_logits)
-        return propose_chains(seqs, ks, [st.logits for st in states], self.sample_drafts, self.vocab_size, advance)
+        return propose_chains(seqs, ks, [st.logits for st in states], self.sample_drafts, advance)
 
     def after_step(self, records: Sequence[StepRecord]) -> None:
         rows, owners = [], []

@@ -102,23 +102,23 @@ def draw_draft(seq, logits: torch.Tensor, sample_drafts: bool) -> Tuple[int, Opt
     return draw(q, [seq.generator])[0], q[0]
 
 
-def _add_draft_token(draft: Draft, tok: int, q: Optional[torch.Tensor], vocab_size: int) -> None:
+def _add_draft_token(draft: Draft, tok: int, q: Optional[torch.Tensor]) -> None:
     draft.token_ids.append(tok)
-    if draft.probs is not None:
-        draft.probs.append(q if q is not None else torch.nn.functional.one_hot(torch.tensor(tok), vocab_size).float())
+    if draft.probs is not None:   # drafts drawn from q (greedy requests keep point masses: probs None)
+        draft.probs.append(q)
 
 
 def propose_chains(seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor], sample_drafts: bool,
-                   vocab_size: int, advance: Callable) -> List[Draft]:
+                   advance: Callable) -> List[Draft]:
     """Chain drafting shared by draft models and MTP heads: draft j + 1 of sequence i is
     drawn from ``logits[i]``; ``advance(j, rows, drafts)`` runs the drafter once for the
     sequences ``rows`` that need another token and returns their next logits."""
-    drafts = [Draft([], [] if sample_drafts else None) for _ in seqs]
+    drafts = [Draft([], [] if sample_drafts and not s.params.greedy else None) for s in seqs]
     logits = list(logits)
     for j in range(max(ks, default=0)):
         for i, s in enumerate(seqs):
             if ks[i] > j:
-                _add_draft_token(drafts[i], *draw_draft(s, logits[i], sample_drafts), vocab_size)
+                _add_draft_token(drafts[i], *draw_draft(s, logits[i], sample_drafts))
         rows = [i for i in range(len(seqs)) if ks[i] > j + 1]
         if rows:
             for i, lg in zip(rows, advance(j, rows, drafts)):
@@ -139,8 +139,8 @@ def native_chains(runner, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int
     at ``positions[i]`` with ``embed`` / ``lm_head`` (the first ``vocab`` logits). With
     ``sample_drafts`` the chain draws each request's tokens from its processed
     distribution with uniforms from its generator, in the order the rounds would draw
-    them; ``width`` is the vocabulary of the drafts' distributions (zero-padded past
-    ``vocab``). None when it does not apply; ``propose_chains`` then runs the rounds one by one,
+    them (greedy requests take top tokens: point-mass drafts); ``width`` is the
+    vocabulary of the drafts' distributions (zero-padded past ``vocab``). None when it does not apply; ``propose_chains`` then runs the rounds one by one,
     with the same result."""
     k, B = (ks[0] if ks else 0), len(seqs)
     if k < 2 or any(x != k for x in ks) or runner.device.type != "cpu":
@@ -169,8 +169,5 @@ def native_chains(runner, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int
     if not sample_drafts:
         return [Draft([t] + row) for (t, _), row in zip(first, out.tolist())]
     probs = torch.nn.functional.pad(probs, (0, width - vocab))
-    drafts = []
-    for i, ((t, q), row) in enumerate(zip(first, out.tolist())):
-        q = q if q is not None else torch.nn.functional.one_hot(torch.tensor(t), width).float()
-        drafts.append(Draft([t] + row, torch.cat([q[None], probs[i]])))
-    return drafts
+    return [Draft([t] + row, None if q is None else torch.cat([q[None], probs[i]]))   # greedy requests: point masses
+            for i, ((t, q), row) in enumerate(zip(first, out.tolist()))]
