@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   const bool quick = args.quick;
   const int threads = args.threads;
   std::vector<int> dims = quick ? std::vector<int>{1024} : std::vector<int>{1024, 2048};
-  std::vector<int> ms = quick ? std::vector<int>{1, 4, 8} : std::vector<int>{1, 2, 4, 8, 16};
+  std::vector<int> ms = quick ? std::vector<int>{1, 4, 8} : std::vector<int>{1, 2, 3, 4, 5, 6, 8, 16};
   std::mt19937 rng(0);
   std::normal_distribution<float> nd;
   std::string out = "[";

@@ -1,4 +1,5 @@
-// Register-blocked small-M GEMM for x86-64 with AVX2/FMA (scalar fallback elsewhere).
+// Register-blocked small-M GEMM for x86-64 with AVX2/FMA, using the 32 vector registers
+// of AVX-512VL where the CPU has them (scalar fallback elsewhere).
 // Up to 8 input rows are served by one pass over the weights, so verifying 1 + K
 // tokens streams the weights once, like decoding one.
 #include "sonarspec/small_gemm.h"
@@ -39,74 +40,23 @@ __attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-// Rows [m0, m0 + MR) of x against weight rows [n0, n0 + NR).
-template <int MR, int NR, typename W>
-__attribute__((target("avx2,fma"))) void block(const float* x, const W* w, float* y, int64_t m0,
-                                               int64_t n0, int64_t n, int64_t k) {
-  __m256 acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-  int64_t kk = 0;
-  for (; kk + 8 <= k; kk += 8) {
-    __m256 wv[NR];
-    for (int j = 0; j < NR; ++j) {
-      wv[j] = load8(w + (n0 + j) * k + kk);
-      // The next block's rows, one cache line ahead: weights arrive from L3 or memory
-      // (the model's other layers evicted them), and a block with several x rows
-      // computes long enough to hide the latency.
-      _mm_prefetch(reinterpret_cast<const char*>(w + (n0 + NR + j) * k + kk), _MM_HINT_T0);
-    }
-    for (int i = 0; i < MR; ++i) {
-      __m256 xv = _mm256_loadu_ps(x + (m0 + i) * k + kk);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NR; ++j) {
-      float s = hsum(acc[i][j]);
-      for (int64_t t = kk; t < k; ++t) s += x[(m0 + i) * k + t] * to_float(w[(n0 + j) * k + t]);
-      y[(m0 + i) * n + n0 + j] = s;
-    }
-  }
-}
-
-// All rows of an x chunk (MR <= 8) share one pass over the weights; NR weight rows
-// per step keep at most 12 accumulators in registers. More than 4 rows run as two row
-// groups against the same NR weight rows, the second reading them from L1.
-template <int MR, typename W>
-__attribute__((target("avx2,fma"))) void pass(const float* x, const W* w, float* y, int64_t m0, int64_t n,
-                                              int64_t k, int64_t n_begin, int64_t n_end) {
-  constexpr int NR = MR <= 3 ? 4 : 3;
-  constexpr int HI = MR > 4 ? 4 : MR, LO = MR > 4 ? MR - 4 : 0;
-  int64_t j = n_begin;
-  for (; j + NR <= n_end; j += NR) {
-    block<HI, NR>(x, w, y, m0, j, n, k);
-    if constexpr (LO > 0) block<LO, NR>(x, w, y, m0 + HI, j, n, k);
-  }
-  for (; j < n_end; ++j) {
-    block<HI, 1>(x, w, y, m0, j, n, k);
-    if constexpr (LO > 0) block<LO, 1>(x, w, y, m0 + HI, j, n, k);
-  }
-}
-
-template <typename W>
-__attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const W* w, float* y, int64_t m,
-                                                   int64_t n, int64_t k, int64_t n_begin, int64_t n_end) {
-  for (int64_t i = 0; i < m; i += 8) {
-    switch (std::min<int64_t>(8, m - i)) {
-      case 1: pass<1>(x, w, y, i, n, k, n_begin, n_end); break;
-      case 2: pass<2>(x, w, y, i, n, k, n_begin, n_end); break;
-      case 3: pass<3>(x, w, y, i, n, k, n_begin, n_end); break;
-      case 4: pass<4>(x, w, y, i, n, k, n_begin, n_end); break;
-      case 5: pass<5>(x, w, y, i, n, k, n_begin, n_end); break;
-      case 6: pass<6>(x, w, y, i, n, k, n_begin, n_end); break;
-      case 7: pass<7>(x, w, y, i, n, k, n_begin, n_end); break;
-      default: pass<8>(x, w, y, i, n, k, n_begin, n_end); break;
-    }
-  }
-}
+#define SG_NS avx2
+#define SG_ATTR __attribute__((target("avx2,fma")))
+#define SG_WIDE 0
+#include "small_gemm_kernels.inc"
+#undef SG_NS
+#undef SG_ATTR
+#undef SG_WIDE
+#define SG_NS avx512vl
+#define SG_ATTR __attribute__((target("avx2,fma,avx512f,avx512vl")))
+#define SG_WIDE 1
+#include "small_gemm_kernels.inc"
+#undef SG_NS
+#undef SG_ATTR
+#undef SG_WIDE
 
 bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool has_avx512vl() { return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"); }
 #endif
 
 template <typename W>
@@ -124,9 +74,11 @@ template <typename W>
 void rows(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
           int64_t n_begin, int64_t n_end) {
 #if defined(__x86_64__)
-  static const bool avx2 = has_avx2();
-  if (avx2) {
-    rows_avx2<W>(x, w, y, m, n, k, n_begin, n_end);
+  static const bool avx2 = has_avx2(), avx512vl = has_avx512vl();
+  if (avx512vl) {
+    avx512vl::rows_simd<W>(x, w, y, m, n, k, n_begin, n_end);
+  } else if (avx2) {
+    avx2::rows_simd<W>(x, w, y, m, n, k, n_begin, n_end);
   } else {
     rows_scalar(x, w, y, m, n, k, n_begin, n_end);
   }
