@@ -42,15 +42,13 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
   const int64_t q_dim = s.num_heads * s.head_dim, kv_dim = s.num_kv_heads * s.head_dim;
   const int64_t qk_dim = q_dim + kv_dim, qkv_dim = qk_dim + kv_dim, half = s.head_dim / 2;
   thread_local std::vector<float> h, qkv, qk, qk_rot, q, k, v, att, tmp, cos, sin;
+  cos.resize(static_cast<size_t>(m * half));
+  sin.resize(static_cast<size_t>(m * half));
   for (int64_t t = 0; t < m; ++t) {
     if (positions[t] < 0 || positions[t] >= w.max_positions) {
       throw std::out_of_range("position " + std::to_string(positions[t]) + " is outside the RoPE tables (" +
                               std::to_string(w.max_positions) + " positions)");
     }
-  }
-  cos.resize(static_cast<size_t>(m * half));
-  sin.resize(static_cast<size_t>(m * half));
-  for (int64_t t = 0; t < m; ++t) {
     std::memcpy(cos.data() + t * half, w.cos_table + positions[t] * half, sizeof(float) * half);
     std::memcpy(sin.data() + t * half, w.sin_table + positions[t] * half, sizeof(float) * half);
   }

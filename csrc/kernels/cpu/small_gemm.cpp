@@ -5,9 +5,9 @@
 #include "sonarspec/small_gemm.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "sonarspec/thread_pool.h"
+#include "vec.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -17,12 +17,7 @@ namespace sonarspec {
 namespace {
 
 inline float to_float(float v) { return v; }
-inline float to_float(uint16_t bits) {  // bfloat16 -> float32 is exact: the high half of the bits
-  uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+inline float to_float(uint16_t bits) { return bf16_to_float(bits); }
 
 #if defined(__x86_64__)
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {

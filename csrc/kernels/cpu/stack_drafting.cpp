@@ -12,6 +12,7 @@
 #include "sonarspec/rejection_sampling.h"
 #include "sonarspec/sampling.h"
 #include "sonarspec/small_gemm.h"
+#include "vec.h"
 
 namespace sonarspec {
 namespace {
@@ -46,12 +47,9 @@ struct Step {
     key_begin[t] = io.window > 0 ? std::max<int64_t>(0, p + 1 - io.window) : 0;
     key_end[t] = p + 1;
     float* dst = x.data() + t * hidden;
-    if (io.embed_bf16) {  // bfloat16 -> float32 is exact: the high half of the bits
+    if (io.embed_bf16) {
       const uint16_t* e = static_cast<const uint16_t*>(io.embed) + token * hidden;
-      for (int64_t j = 0; j < hidden; ++j) {
-        const uint32_t u = static_cast<uint32_t>(e[j]) << 16;
-        std::memcpy(dst + j, &u, sizeof(float));
-      }
+      for (int64_t j = 0; j < hidden; ++j) dst[j] = bf16_to_float(e[j]);
     } else {
       std::memcpy(dst, static_cast<const float*>(io.embed) + token * hidden, sizeof(float) * hidden);
     }

@@ -4,12 +4,21 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
 namespace sonarspec {
+
+// bfloat16 (raw bits) -> float32, exact: the bits are the high half of the float's.
+inline float bf16_to_float(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 
 // Dot product with four independent accumulators (lets the compiler vectorise).
 inline float dot4(const float* a, const float* b, int64_t n) {

@@ -7,8 +7,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
-from ..ops.linear import SMALL_M_MAX_ROWS, native_gemm_threads, uses_native_gemm
-from ..ops.stack_drafting import rows_forward
+from ..ops.linear import native_gemm_threads, uses_native_gemm
+from ..ops.stack_drafting import block_table, fits, rows_forward
 from .kv_cache import KVCache
 from .metadata import NATIVE_ATTENTION_MAX_TOKENS, TreeBlock, build_metadata, planner_metadata
 
@@ -68,13 +68,10 @@ class ModelRunner:
         when the model runs as a stack and the rows are a small step; else None."""
         io = self.model.drafting_io() if self.device.type == "cpu" else None
         num_tokens = sum(len(toks) for _, toks, _ in rows)
-        stack = self.stack() if io is not None and 0 < num_tokens <= NATIVE_ATTENTION_MAX_TOKENS else None
-        if stack is None or num_tokens > stack.max_rows or (io[1].dtype == torch.float32
-                                                            and len(rows) > SMALL_M_MAX_ROWS):
+        stack = self.stack() if io is not None and num_tokens <= NATIVE_ATTENTION_MAX_TOKENS else None
+        if stack is None or not fits(stack, io[1], len(rows), num_tokens):
             return None
-        table = torch.zeros(len(rows), max(1, max(len(t) for *_, t in rows)), dtype=torch.long)
-        for i, (_, _, t) in enumerate(rows):
-            table[i, :len(t)] = torch.as_tensor(t, dtype=torch.long)
+        table = block_table([t for *_, t in rows])
         ids = torch.tensor([tok for _, toks, _ in rows for tok in toks], dtype=torch.long)
         starts = torch.tensor([start for start, _, _ in rows], dtype=torch.long)
         lens = torch.tensor([len(toks) for _, toks, _ in rows], dtype=torch.long)

@@ -144,7 +144,7 @@ class DecoderStack:
             features = features.contiguous()
             if features.shape != x.shape:
                 raise ValueError(f"features have shape {list(features.shape)}, expected {list(x.shape)}")
-        out = x.contiguous().clone()
+        out = x.clone(memory_format=torch.contiguous_format)
         try:
             self._native.forward(
                 out.data_ptr(), 0 if features is None else features.data_ptr(), m, positions.data_ptr(),

@@ -13,6 +13,21 @@ from .decoder_stack import DecoderStack
 from .linear import SMALL_M_MAX_ROWS, native_threads
 
 
+def fits(stack: DecoderStack, lm_head: torch.Tensor, rows: int, num_tokens: int) -> bool:
+    """Whether a drafting call over ``num_tokens`` tokens in ``rows`` rows runs natively: the
+    stack takes the tokens, and the lm_head GEMM the rows, as the per-op path would."""
+    return (0 < num_tokens <= stack.max_rows
+            and not (lm_head.dtype == torch.float32 and rows > SMALL_M_MAX_ROWS))
+
+
+def block_table(tables) -> torch.Tensor:
+    """Page tables (lists of page ids) -> (len(tables), longest) int64, zero-padded."""
+    out = torch.zeros(len(tables), max(1, max((len(t) for t in tables), default=0)), dtype=torch.long)
+    for i, t in enumerate(tables):
+        out[i, :len(t)] = torch.as_tensor(t, dtype=torch.long)
+    return out
+
+
 def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window: int, rows: int,
         features: Optional[torch.Tensor], num_tokens: int):
     """Validated native arguments shared by both calls, plus contiguous features."""
@@ -22,10 +37,9 @@ def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window
             raise ValueError(f"{name} has shape {list(t.shape)}, expected [rows, {stack.hidden}]")
     if embed.shape[0] < lm_head.shape[0]:
         raise ValueError(f"embed ({embed.shape[0]} rows) must cover the lm_head's {lm_head.shape[0]} rows")
-    if not 0 < num_tokens <= stack.max_rows:
-        raise ValueError(f"DecoderStack drafting runs 1..{stack.max_rows} tokens at once, got {num_tokens}")
-    if lm_head.dtype == torch.float32 and rows > SMALL_M_MAX_ROWS:
-        raise ValueError(f"a float32 lm_head takes at most {SMALL_M_MAX_ROWS} rows here, got {rows}")
+    if not fits(stack, lm_head, rows, num_tokens):
+        raise ValueError(f"DecoderStack drafting runs 1..{stack.max_rows} tokens at once and a float32 lm_head at "
+                         f"most {SMALL_M_MAX_ROWS} rows, got {num_tokens} tokens in {rows} rows")
     check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2)
     if block_table.shape[0] != rows or block_table.shape[1] == 0:
         raise ValueError(f"block_table has shape {list(block_table.shape)}, expected [{rows}, max_pages]")

@@ -51,11 +51,9 @@ class DraftModelProposer(Proposer):
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
         logits = [self.state[s.seq_id][1] for s in seqs]
         if seqs:
-            lm_head = self.model.lm_head.weight
-            drafts = native_chains(
-                self.runner, self.model.model.embed_tokens.weight, lm_head, min(lm_head.shape[0], self.vocab_size),
-                seqs, ks, logits, [s.num_tokens for s in seqs], [self.page_table(s) for s in seqs],
-                self.model.config.sliding_window, self.vocab_size, sample_drafts=self.sample_drafts)
+            drafts = native_chains(self.runner, seqs, ks, logits, [s.num_tokens for s in seqs],
+                                   [self.page_table(s) for s in seqs], self.model.config.sliding_window,
+                                   self.vocab_size, sample_drafts=self.sample_drafts)
             if drafts is not None:
                 return drafts
 

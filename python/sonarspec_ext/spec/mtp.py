@@ -66,12 +66,11 @@ class MTPProposer(Proposer):
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
         states = [self.state[s.seq_id] for s in seqs]
         feats = [st.feature for st in states]
-        if seqs and self.head.draft_vocab is None:
-            embed, lm_head = (m.weight for m in self.head._shared)
+        if seqs:
             drafts = native_chains(
-                self.runner, embed, lm_head, lm_head.shape[0], seqs, ks, [st.logits for st in states],
-                [s.num_tokens - 1 for s in seqs], [self.page_table(s) for s in seqs],
-                self.head.config.sliding_window, self.vocab_size, torch.stack(feats), self.sample_drafts)
+                self.runner, seqs, ks, [st.logits for st in states], [s.num_tokens - 1 for s in seqs],
+                [self.page_table(s) for s in seqs], self.head.config.sliding_window, self.vocab_size,
+                torch.stack(feats), self.sample_drafts)
             if drafts is not None:
                 return drafts
 

@@ -11,8 +11,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 
 from ..engine.sampler import draw, processed_probs
-from ..ops.linear import SMALL_M_MAX_ROWS
-from ..ops.stack_drafting import chain
+from ..ops.stack_drafting import block_table, chain, fits
 
 
 @dataclass
@@ -129,29 +128,30 @@ def propose_chains(seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor]
     return drafts
 
 
-def native_chains(runner, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, seqs: Sequence, ks: Sequence[int],
-                  logits: List[torch.Tensor], positions: Sequence[int], tables: Sequence[Sequence[int]],
-                  window: Optional[int], width: int, features: Optional[torch.Tensor] = None,
-                  sample_drafts: bool = False) -> Optional[List[Draft]]:
+def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor], positions: Sequence[int],
+                  tables: Sequence[Sequence[int]], window: Optional[int], width: int,
+                  features: Optional[torch.Tensor] = None, sample_drafts: bool = False) -> Optional[List[Draft]]:
     """``propose_chains`` in one native call (``ops.stack_drafting.chain``) when every
-    sequence takes the same k >= 2 and the drafter runs as a native stack: draft 1 is
-    ``draw_draft`` from ``logits[i]``, drafts 2..k come from the chain, whose first round runs
-    at ``positions[i]`` with ``embed`` / ``lm_head`` (the first ``vocab`` logits). With
-    ``sample_drafts`` the chain draws each request's tokens from its processed
-    distribution with uniforms from its generator, in the order the rounds would draw
-    them (greedy requests take top tokens: point-mass drafts); ``width`` is the
-    vocabulary of the drafts' distributions (zero-padded past ``vocab``). None when it does not apply; ``propose_chains`` then runs the rounds one by one,
-    with the same result."""
+    sequence takes the same k >= 2 and the drafter (``runner``'s model) runs as a native
+    stack: draft 1 is ``draw_draft`` from ``logits[i]``, drafts 2..k come from the chain,
+    whose first round runs at ``positions[i]`` with the drafter's embedding and lm_head (its
+    first ``width`` logits: ``width`` is the vocabulary of the drafts, distributions
+    zero-padded past the lm_head's rows). With ``sample_drafts`` the chain draws each
+    request's tokens from its processed distribution with uniforms from its generator, in
+    the order the rounds would draw them (greedy requests take top tokens: point-mass
+    drafts). None when it does not apply; ``propose_chains`` then runs the rounds one by
+    one, with the same result."""
     k, B = (ks[0] if ks else 0), len(seqs)
     if k < 2 or any(x != k for x in ks) or runner.device.type != "cpu":
         return None
-    stack = runner.stack()
-    if stack is None or B > stack.max_rows or (lm_head.dtype == torch.float32 and B > SMALL_M_MAX_ROWS):
+    io = runner.model.drafting_io()
+    stack = runner.stack() if io is not None else None
+    if stack is None or not fits(stack, io[1], B, B):
         return None
+    embed, lm_head = io
+    vocab = min(lm_head.shape[0], width)
     first = [draw_draft(s, lg, sample_drafts) for s, lg in zip(seqs, logits)]
-    table = torch.zeros(B, max(len(t) for t in tables), dtype=torch.long)
-    for i, t in enumerate(tables):
-        table[i, :len(t)] = torch.as_tensor(t, dtype=torch.long)
+    table = block_table(tables)
     sampling = None
     if sample_drafts:
         ps = [s.params for s in seqs]
