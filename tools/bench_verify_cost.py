@@ -1,20 +1,38 @@
 #!/usr/bin/env python
 """Cost of a target forward over T tokens of one sequence (a verification pass over
-1 + K tokens) relative to a one-token decode forward, packaged target, CPU float32;
-interleaved rounds, medians.
+1 + K tokens) relative to a one-token decode forward, CPU float32 activations;
+interleaved rounds, medians. The packaged target by default; ``--synthetic-200m``
+adds a random 200M-parameter Llama (bfloat16 weights, 400 MB: far beyond the CPU's
+caches, as an LLM's are) measured in the same run.
 
-    python tools/bench_verify_cost.py [--json PATH] [--context 100]
+    python tools/bench_verify_cost.py [--json PATH] [--context 100] [--model DIR] [--synthetic-200m]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import tempfile
 
 import torch
 
 from sonarspec_ext import LLM
-from sonarspec_ext.bench import median_us
+from sonarspec_ext.bench import SYNTHETIC_200M, make_synthetic_model, median_us
+
+SIZES = (1, 2, 3, 4, 5, 8, 17)
+
+
+def forward_calls(model_dir: str, context: int):
+    """One target forward over T tokens at positions context.. of one sequence, per T."""
+    runner = LLM(model_dir).engine.runner
+    table = list(range(context // 16 + 4))
+    calls = {}
+    for T in SIZES:
+        meta, pos = runner.metadata([(context, T, table)])
+        ids, rows = torch.randint(0, 1000, (T,)), torch.arange(T)
+        calls[T] = lambda ids=ids, pos=pos, meta=meta, rows=rows: runner.forward(ids, pos, meta, rows)
+    params = sum(p.numel() for p in runner.model.parameters())
+    return calls, params
 
 
 def main() -> None:
@@ -22,27 +40,35 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--context", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--model", default="default", help="HF model directory, or 'default' (the packaged target)")
+    ap.add_argument("--synthetic-200m", action="store_true", help="also a random 200M-parameter Llama")
     args = ap.parse_args()
-    runner = LLM("default").engine.runner
-    table = list(range(args.context // 16 + 4))
-    sizes = (1, 2, 3, 4, 5, 8, 17)
-    calls = {}
-    for T in sizes:
-        meta, pos = runner.metadata([(args.context, T, table)])
-        ids, rows = torch.randint(0, 1000, (T,)), torch.arange(T)
-        calls[T] = lambda ids=ids, pos=pos, meta=meta, rows=rows: runner.forward(ids, pos, meta, rows)
-    times = {T: [] for T in sizes}
+    models = {args.model: forward_calls(args.model, args.context)}
+    tmp = None
+    if args.synthetic_200m:
+        tmp = tempfile.TemporaryDirectory()
+        models["synthetic-200m"] = forward_calls(make_synthetic_model(tmp.name, shape=SYNTHETIC_200M,
+                                                                      dtype="bfloat16"), args.context)
+    times = {(name, T): [] for name in models for T in SIZES}
     for _ in range(args.rounds):
-        for T in sizes:
-            times[T].append(median_us(calls[T], 10, 3))
-    base = statistics.median(times[1])
-    rows = [{"tokens": T, "forward_us": round(statistics.median(times[T]), 1),
-             "vs_decode": round(statistics.median(times[T]) / base, 3)} for T in sizes]
-    for r in rows:
-        print(f"{r['tokens']:3d} tokens: {r['forward_us']:8.1f} us  {r['vs_decode']:.2f}x a decode forward")
+        for name, (calls, _) in models.items():
+            reps = 10 if name == args.model else 3
+            for T in SIZES:
+                times[(name, T)].append(median_us(calls[T], reps, 2))
+    results = []
+    for name, (_, params) in models.items():
+        base = statistics.median(times[(name, 1)])
+        print(f"{name} ({params / 1e6:.1f}M parameters)")
+        for T in SIZES:
+            us = statistics.median(times[(name, T)])
+            print(f"  {T:3d} tokens: {us:9.1f} us  {us / base:.2f}x a decode forward")
+            results.append({"model": name, "params": params, "tokens": T, "forward_us": round(us, 1),
+                            "vs_decode": round(us / base, 3)})
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"context": args.context, "threads": torch.get_num_threads(), "results": rows}, fh, indent=1)
+            json.dump({"context": args.context, "threads": torch.get_num_threads(), "results": results}, fh, indent=1)
+    if tmp is not None:
+        tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@
 #include "sonarspec/sampling.h"
 #include "sonarspec/shifted_scatter.h"
 #include "sonarspec/small_gemm.h"
+#include "sonarspec/thread_pool.h"
 #ifdef SONARSPEC_WITH_CUDA
 #include "sonarspec/device.h"
 #endif
@@ -201,6 +202,9 @@ PYBIND11_MODULE(_C, m) {
               reinterpret_cast<const void*>(down), reinterpret_cast<float*>(y), m, hidden, inter, bf16_weights,
               num_threads);
   }, "Gated SiLU MLP for few rows: small_gemm, silu_and_mul, small_gemm in one call (raw pointers).");
+  m.def("set_worker_spin_us", &sonarspec::ThreadPool::set_spin_us,
+        "How long idle CPU kernel workers poll for the next call before sleeping (microseconds).");
+  m.def("worker_spin_us", &sonarspec::ThreadPool::spin_us, "The current worker polling time (microseconds).");
   m.def("small_gemm", &small_gemm, "y = x @ w^T (+ bias), float32 x, float32 or bfloat16 w, few rows of x (raw pointers).");
   m.def("padded_gemm_cuda", &padded_gemm_cuda_op,
         "y = x @ w^T (+ bias) with 64-row CUTLASS tiles, 16-bit CUDA tensors (raw pointers); -1: unsupported shape.");

@@ -25,15 +25,22 @@ SYNTHETIC_30M = dict(vocab_size=8192, hidden_size=512, intermediate_size=1408, n
                      max_position_embeddings=2048, tie_word_embeddings=True, eos_token_ids=[256])
 
 
-def make_synthetic_model(path: str, seed: int = 0) -> str:
-    """A random ~30M-parameter Llama in HF format (weights scaled so greedy paths are stable)."""
+# Weights (400 MB in bfloat16) far beyond a CPU's caches, as an LLM's are.
+SYNTHETIC_200M = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+                      num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                      max_position_embeddings=2048, tie_word_embeddings=False, eos_token_ids=[256])
+
+
+def make_synthetic_model(path: str, seed: int = 0, shape: Optional[dict] = None, dtype: str = "float32") -> str:
+    """A random Llama in HF format, ``shape`` (default: ``SYNTHETIC_30M``) config fields,
+    weights scaled so greedy paths are stable, stored in ``dtype``."""
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(ModelConfig(**SYNTHETIC_30M))
+    model = LlamaForCausalLM(ModelConfig(**(shape or SYNTHETIC_30M)))
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.05)
-    save_model(model, path)
+    save_model(model, path, dtype=dtype)
     write_byte_tokenizer(path)
     return path
 

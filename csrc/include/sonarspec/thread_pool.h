@@ -1,5 +1,5 @@
 // A small persistent pool for splitting one kernel call over a few threads without
-// creating threads per call. Workers spin briefly for new work, then sleep.
+// creating threads per call. Workers spin for new work for a while (spin_us), then sleep.
 #pragma once
 
 #include <atomic>
@@ -20,6 +20,9 @@ class ThreadPool {
   void run(int num_tasks, int num_threads, const std::function<void(int)>& fn);
   ~ThreadPool();
   static ThreadPool& global();
+  // How long an idle worker polls for the next call before it sleeps, microseconds.
+  static void set_spin_us(int64_t us);
+  static int64_t spin_us();
 
  private:
   void worker(uint64_t seen);

@@ -1,5 +1,7 @@
 #include "sonarspec/thread_pool.h"
 
+#include <chrono>
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define SONARSPEC_PAUSE() _mm_pause()
@@ -8,6 +10,15 @@
 #endif
 
 namespace sonarspec {
+
+namespace {
+// An engine step runs Python between its native calls (a few hundred microseconds at
+// most); a worker that fell asleep meanwhile takes tens of microseconds to wake, per call.
+std::atomic<int64_t> g_spin_us{1000};
+}  // namespace
+
+void ThreadPool::set_spin_us(int64_t us) { g_spin_us.store(us < 0 ? 0 : us, std::memory_order_relaxed); }
+int64_t ThreadPool::spin_us() { return g_spin_us.load(std::memory_order_relaxed); }
 
 ThreadPool& ThreadPool::global() {
   static ThreadPool pool;
@@ -43,9 +54,12 @@ void ThreadPool::drain() {
 
 void ThreadPool::worker(uint64_t seen) {
   for (;;) {
-    // Spin for a short while (back-to-back kernel calls), then sleep.
-    for (int spin = 0; spin < 2000 && generation_.load(std::memory_order_acquire) == seen; ++spin)
+    // Poll for spin_us() (back-to-back kernel calls, Python in between), then sleep.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us());
+    for (int spin = 1; generation_.load(std::memory_order_acquire) == seen; ++spin) {
       SONARSPEC_PAUSE();
+      if (spin % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
+    }
     if (generation_.load(std::memory_order_acquire) == seen) {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return generation_.load() != seen; });
