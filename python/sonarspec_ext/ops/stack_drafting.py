@@ -22,10 +22,8 @@ def fits(stack: DecoderStack, lm_head: torch.Tensor, rows: int, num_tokens: int)
 
 def block_table(tables) -> torch.Tensor:
     """Page tables (lists of page ids) -> (len(tables), longest) int64, zero-padded."""
-    out = torch.zeros(len(tables), max(1, max((len(t) for t in tables), default=0)), dtype=torch.long)
-    for i, t in enumerate(tables):
-        out[i, :len(t)] = torch.as_tensor(t, dtype=torch.long)
-    return out
+    width = max(1, max((len(t) for t in tables), default=0))
+    return torch.tensor([list(t) + [0] * (width - len(t)) for t in tables], dtype=torch.long).reshape(-1, width)
 
 
 def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window: int, rows: int,
