@@ -20,33 +20,40 @@ namespace {
 constexpr int kChunk = 16;
 constexpr int kMaxGroup = 16;  // query heads per KV head handled in one task
 
-// Accumulates one chunk of keys (slots[0..n)) into the online-softmax state of `group`
-// query heads: m, l running max and sum; o (group, head_dim) unnormalised outputs.
-void chunk_update(const float* const* qs, const float* k_pool, const float* v_pool, const int64_t* slots, int n,
-                  int64_t row, int64_t kv_off, int64_t head_dim, int group, float scale, float* m, float* l,
-                  float* const* o) {
-  float s[kMaxGroup][kChunk];
-  for (int c = 0; c < n; ++c) {
-    const float* k = k_pool + slots[c] * row + kv_off;
-    for (int g = 0; g < group; ++g) s[g][c] = dot(qs[g], k, head_dim) * scale;
-  }
-  for (int g = 0; g < group; ++g) {
-    float mx = m[g];
-    for (int c = 0; c < n; ++c) mx = std::max(mx, s[g][c]);
-    if (mx > m[g]) {  // new running max: rescale what was accumulated so far
-      const float r = std::exp(m[g] - mx);
-      l[g] *= r;
-      scale_row(o[g], r, head_dim);
-      m[g] = mx;
-    }
-    for (int c = 0; c < n; ++c) s[g][c] -= mx;
-    exp_inplace(s[g], n);
-    for (int c = 0; c < n; ++c) l[g] += s[g][c];
-  }
-  for (int c = 0; c < n; ++c) {
-    const float* v = v_pool + slots[c] * row + kv_off;
-    for (int g = 0; g < group; ++g) axpy(o[g], s[g][c], v, head_dim);
-  }
+#define PA_NS portable
+#define PA_ATTR
+#define PA_DOT dot
+#define PA_AXPY axpy
+#define PA_EXP exp_inplace
+#include "paged_attention_chunk.inc"
+#undef PA_NS
+#undef PA_ATTR
+#undef PA_DOT
+#undef PA_AXPY
+#undef PA_EXP
+#if defined(__x86_64__)
+#define PA_NS avx2
+#define PA_ATTR __attribute__((target("avx2,fma")))
+#define PA_DOT dot_avx2
+#define PA_AXPY axpy_avx2
+#define PA_EXP exp_inplace_avx2
+#include "paged_attention_chunk.inc"
+#undef PA_NS
+#undef PA_ATTR
+#undef PA_DOT
+#undef PA_AXPY
+#undef PA_EXP
+#endif
+
+using ChunkUpdate = void (*)(const float* const*, const float*, const float*, const int64_t*, int, int64_t, int64_t,
+                             int64_t, int, float, float*, float*, float* const*);
+
+// The chunk update for this CPU: the AVX2 one inlines its vector helpers.
+ChunkUpdate chunk_update_for_cpu() {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return avx2::chunk_update;
+#endif
+  return portable::chunk_update;
 }
 
 }  // namespace
@@ -63,6 +70,7 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
   const int64_t row = num_kv_heads * head_dim;
   const int64_t max_kv_len = max_pages * page_size;
   std::atomic<int64_t> bad{0};
+  static const ChunkUpdate chunk_update = chunk_update_for_cpu();
   auto task = [&](int64_t item) {
     const int64_t t = item / num_kv_heads, kvh = item % num_kv_heads;
     const float* qs[kMaxGroup];
