@@ -1,75 +1,103 @@
 #!/usr/bin/env python
-"""Where a speculative step's time goes, on the packaged models (batch 1, greedy):
-the engine's time split per step for each scheme, and the time per call by shape (rows,
-out, in, bfloat16 weights) of the native GEMMs that run as calls of their own inside the
-engine - the lm_heads of the per-op path (the decoder stack and native drafting run
-their GEMMs inside one native call each, not seen here).
+"""Where a step's time goes, on the packaged models (batch 1, greedy, one prompt at a
+time): per scheme, the engine's time split per step and the wall time per step inside
+the native calls - the target's decoder stack, the target's lm_head, the drafter's
+refills (``rows_forward``) and chains (``chain``) - and outside them (Python: planning
+hand-off, metadata, packing, verification, bookkeeping). Schemes run in interleaved
+rounds; medians per step.
 
-    python tools/profile_spec.py [--schemes plain mtp:3 draft_target:4] [--max-tokens 96]
+    python tools/profile_spec.py [--schemes plain mtp:3 draft_target:2] [--rounds 3] [--json PATH]
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import json
+import statistics
 import time
 
 import torch
 
-import sonarspec_ext.ops.linear as linear_ops
+import sonarspec_ext.engine.runner as runner_mod
+import sonarspec_ext.ops.decoder_stack as decoder_stack
+import sonarspec_ext.spec.proposer as proposer_mod
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
 from sonarspec_ext.bench_spec import PROMPTS
+from sonarspec_ext.models.llama import LlamaForCausalLM
+
+_spent = collections.defaultdict(float)
 
 
-class _TimedC:
-    """Stands in for the extension module inside ops.linear and times small_gemm calls."""
+def _timed(owner, name: str, key: str) -> None:
+    """Replaces ``owner.name`` by a wrapper adding its wall time to ``_spent[key]``."""
+    fn = getattr(owner, name)
 
-    def __init__(self, real):
-        self.real, self.total, self.calls = real, collections.defaultdict(float), collections.Counter()
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-    def small_gemm(self, x, w, b, y, m, n, k, threads, bf16):
+    def wrapper(*args, **kwargs):
         t0 = time.perf_counter()
-        self.real.small_gemm(x, w, b, y, m, n, k, threads, bf16)
-        key = (m, n, k, bf16)
-        self.total[key] += time.perf_counter() - t0
-        self.calls[key] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _spent[key] += time.perf_counter() - t0
+    setattr(owner, name, wrapper)
+
+
+def _instrument() -> None:
+    _timed(decoder_stack.DecoderStack, "forward", "target stack")
+    _timed(LlamaForCausalLM, "compute_logits", "target lm_head")   # drafters' lm_heads run inside their calls
+    _timed(runner_mod, "rows_forward", "drafter refills")
+    _timed(proposer_mod, "chain", "drafter chains")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--schemes", nargs="+", default=["plain", "mtp:3", "draft_target:4"])
+    ap.add_argument("--schemes", nargs="+", default=["plain", "mtp:3", "draft_target:2"])
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    _instrument()
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-    timed = _TimedC(linear_ops._C)
+    llms = {}
     for scheme in args.schemes:
         method, _, k = scheme.partition(":")
         spec = SpecConfig() if method == "plain" else SpecConfig(method=method, num_draft_tokens=int(k or 4))
-        llm = LLM("default", spec=spec)
-        llm.generate(PROMPTS[:2], params)   # warm-up
-        eng = llm.engine
-        eng.timing = dict.fromkeys(eng.timing, 0.0)
-        eng.num_steps, eng.finished_stats = 0, []
-        linear_ops._C, timed.total, timed.calls = timed, collections.defaultdict(float), collections.Counter()
-        t0 = time.perf_counter()
-        for p in PROMPTS:
-            llm.generate([p], params)
-        wall = time.perf_counter() - t0
-        linear_ops._C = timed.real
-        n = eng.num_steps
-        split = " ".join(f"{key} {v / n * 1e3:.2f}" for key, v in eng.timing.items())
-        print(f"{scheme:16s} {len(PROMPTS) * args.max_tokens / wall:7.1f} tok/s  {wall / n * 1e3:.2f} ms/step  "
-              f"tau {llm.stats()['acceptance_length']:.2f}  per step (ms): {split}")
-        for key in sorted(timed.total, key=lambda q: -timed.total[q])[:6]:
-            m, nn, kk, bf16 = key
-            us = timed.total[key] / timed.calls[key] * 1e6
-            gbs = nn * kk * (2 if bf16 else 4) / us / 1e3
-            print(f"    gemm rows {m:2d} out {nn:5d} in {kk:4d} {'bf16' if bf16 else 'fp32'}: {timed.calls[key]:5d} calls, "
-                  f"{us:7.1f} us/call, {gbs:5.1f} GB/s of weights")
+        llms[scheme] = LLM("default", spec=spec)
+        llms[scheme].generate(PROMPTS[:2], params)   # warm-up
+    rows = collections.defaultdict(list)
+    for _ in range(args.rounds):
+        for scheme, llm in llms.items():
+            eng = llm.engine
+            eng.timing = dict.fromkeys(eng.timing, 0.0)
+            steps0 = eng.num_steps
+            _spent.clear()
+            t0 = time.perf_counter()
+            for p in PROMPTS:
+                llm.generate([p], params)
+            wall = time.perf_counter() - t0
+            n = eng.num_steps - steps0
+            native = {k: v / n * 1e6 for k, v in _spent.items()}
+            rows[scheme].append({"tok_s": len(PROMPTS) * args.max_tokens / wall, "step_us": wall / n * 1e6,
+                                 "tokens_per_step": len(PROMPTS) * args.max_tokens / n,
+                                 "native_us": native, "outside_native_us": wall / n * 1e6 - sum(native.values()),
+                                 "engine_split_us": {k: v / n * 1e6 for k, v in eng.timing.items()}})
+    out = {}
+    for scheme, runs in rows.items():
+        med = lambda f: statistics.median(f(r) for r in runs)   # noqa: E731
+        keys = sorted({k for r in runs for k in r["native_us"]})
+        out[scheme] = {"tok_s": med(lambda r: r["tok_s"]), "step_us": med(lambda r: r["step_us"]),
+                       "tokens_per_step": med(lambda r: r["tokens_per_step"]),
+                       "native_us": {k: med(lambda r, k=k: r["native_us"].get(k, 0.0)) for k in keys},
+                       "outside_native_us": med(lambda r: r["outside_native_us"]),
+                       "engine_split_us": {k: med(lambda r, k=k: r["engine_split_us"][k])
+                                           for k in runs[0]["engine_split_us"]}}
+        o = out[scheme]
+        native = "  ".join(f"{k} {v:.0f}" for k, v in o["native_us"].items())
+        print(f"{scheme:16s} {o['tok_s']:7.1f} tok/s  {o['tokens_per_step']:.2f} tokens/step  "
+              f"{o['step_us']:.0f} us/step: {native}  outside native calls {o['outside_native_us']:.0f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"threads": torch.get_num_threads(), "max_tokens": args.max_tokens, "rounds": args.rounds,
+                       "prompts": len(PROMPTS), "schemes": out}, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,11 @@
 namespace sonarspec {
 
 namespace {
-// An engine step runs Python between its native calls (a few hundred microseconds at
-// most); a worker that fell asleep meanwhile takes tens of microseconds to wake, per call.
-std::atomic<int64_t> g_spin_us{1000};
+// Long enough for back-to-back kernel calls. Polling through the Python between an engine
+// step's native calls (hundreds of microseconds) would save the wake-up per call, but a
+// polling worker holds its core, and torch's own intra-op threads then wait for it (with
+// 1 ms of polling, speculation with 4 drafts per step fell well below plain decoding).
+std::atomic<int64_t> g_spin_us{50};
 }  // namespace
 
 void ThreadPool::set_spin_us(int64_t us) { g_spin_us.store(us < 0 ? 0 : us, std::memory_order_relaxed); }
@@ -54,7 +56,7 @@ void ThreadPool::drain() {
 
 void ThreadPool::worker(uint64_t seen) {
   for (;;) {
-    // Poll for spin_us() (back-to-back kernel calls, Python in between), then sleep.
+    // Poll for spin_us() (back-to-back kernel calls), then sleep.
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us());
     for (int spin = 1; generation_.load(std::memory_order_acquire) == seen; ++spin) {
       SONARSPEC_PAUSE();
