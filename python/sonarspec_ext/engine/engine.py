@@ -17,6 +17,7 @@ from .. import _C
 from ..models.config import ModelConfig
 from ..models.loader import load_model, parse_dtype
 from ..models.tokenizer import Tokenizer
+from ..ops.linear import native_gemm_threads
 from ..params import SamplingParams, SpecConfig
 from .kv_cache import KVCache, num_pages_for_budget
 from .runner import ModelRunner
@@ -135,7 +136,12 @@ class Engine:
 
     def step(self) -> List[Sequence]:
         """Runs one engine step (plan -> draft -> verify -> sample -> post-process); returns
-        the sequences that received tokens."""
+        the sequences that received tokens. Torch's own ops run single-threaded meanwhile
+        (``native_gemm_threads``; large prefill chunks get the threads back)."""
+        with native_gemm_threads():
+            return self._step()
+
+    def _step(self) -> List[Sequence]:
         t0 = time.perf_counter()
         scheduled, preempted = self._plan()
         for sid in preempted:

@@ -1,13 +1,12 @@
 """Runs one model over a packed batch on its paged KV cache."""
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
-from ..ops.linear import native_gemm_threads, uses_native_gemm
+from ..ops.linear import native_gemm_threads, torch_gemm_threads, uses_native_gemm
 from ..ops.stack_drafting import block_table, fits, rows_forward
 from .kv_cache import KVCache
 from .metadata import NATIVE_ATTENTION_MAX_TOKENS, TreeBlock, build_metadata, planner_metadata
@@ -88,7 +87,7 @@ class ModelRunner:
         hidden_size) are the per-token hidden-state inputs of an MTP head."""
         small = uses_native_gemm(input_ids.numel(), input_ids.device, self.dtype, self.compact)
         extra = () if features is None else (features,)
-        with native_gemm_threads() if small else nullcontext():
+        with native_gemm_threads() if small else torch_gemm_threads():
             attn = TorchPagedAttention(self.kv_cache, meta, self.stack() if small else None)
             hidden = self.model(input_ids, positions, attn, *extra)
             logits = self.model.compute_logits(hidden[logits_indices])

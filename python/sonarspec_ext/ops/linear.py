@@ -22,17 +22,32 @@ _native_threads: ContextVar[Optional[int]] = ContextVar("sonarspec_native_thread
 
 @contextmanager
 def native_gemm_threads():
-    """For a forward pass whose GEMMs all go to the native small-M kernel: the kernel
-    keeps torch's thread count while torch's own (tiny) ops run single-threaded, so
-    torch's spinning OpenMP workers do not take the cores the kernel's workers need."""
-    n = torch.get_num_threads()
+    """For work whose heavy parts are native kernels (a small forward pass, a whole engine
+    step): the kernels keep torch's thread count while torch's own (tiny) ops run
+    single-threaded, so torch's OpenMP workers - which keep spinning on the cores after a
+    parallel region - do not take the cores the kernels' workers need. Re-entrant: inside
+    another, the outer count stays."""
+    n = native_threads()
     token = _native_threads.set(n)
+    prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(n)
+        torch.set_num_threads(prev)
         _native_threads.reset(token)
+
+
+@contextmanager
+def torch_gemm_threads():
+    """For work on torch's kernels (a large prefill chunk) inside ``native_gemm_threads``:
+    torch gets the native thread count back meanwhile."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(native_threads())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
 
 
 def native_threads() -> int:
