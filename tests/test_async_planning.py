@@ -19,8 +19,13 @@ def test_outputs_equal_serial_planning_and_the_wait_is_timed(llama_dir, draft_di
     assert outs[True] == outs[False]
 
 
+def test_planning_ahead_is_off_on_the_cpu_by_default_and_can_be_turned_on(llama_dir):
+    assert not LLM(llama_dir).engine.async_planning
+    assert LLM(llama_dir, async_planning=True).engine.async_planning
+
+
 def test_abort_while_the_next_plan_is_pending(llama_dir):
-    llm = LLM(llama_dir, num_pages=40, page_size=4)
+    llm = LLM(llama_dir, num_pages=40, page_size=4, async_planning=True)
     eng = llm.engine
     ids = [eng.add_request(p, SamplingParams(max_tokens=30, ignore_eos=True)) for p in prompts(3, seed=71)]
     eng.step()
@@ -35,7 +40,7 @@ def test_abort_while_the_next_plan_is_pending(llama_dir):
 
 def test_random_workload_with_preemption_returns_every_page(llama_dir, draft_dir):
     llm = LLM(llama_dir, spec=SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=2),
-              num_pages=30, page_size=4, max_num_seqs=8)
+              num_pages=30, page_size=4, max_num_seqs=8, async_planning=True)
     eng = run_random_workload(llm, seed=72)
     assert eng.planner.num_free_pages == eng.kv_cache.num_pages
     assert sum(s["num_preemptions"] for s in eng.finished_stats) > 0
@@ -50,6 +55,6 @@ def test_outputs_equal_under_preemption_while_drafters_refill(llama_dir, draft_d
     for spec in (SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=3),
                  SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=3),
                  SpecConfig(method="eagle_tree", draft=heads["trained"], num_draft_tokens=3, tree_num_nodes=6)):
-        llm = LLM(llama_dir, spec=spec, num_pages=34, page_size=4, max_num_seqs=12)
+        llm = LLM(llama_dir, spec=spec, num_pages=34, page_size=4, max_num_seqs=12, async_planning=True)
         assert [o.token_ids for o in llm.generate(ps, params)] == ref
         assert sum(s["num_preemptions"] for s in llm.engine.finished_stats) > 0

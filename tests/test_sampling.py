@@ -110,3 +110,17 @@ def test_native_sampler_draws_the_processed_distribution():
     counts = torch.bincount(torch.tensor(draws), minlength=40).double()
     assert counts[probs == 0].sum() == 0
     assert_matches(counts, probs, "native sampler", min_df=3)
+
+
+def test_top_tokens_equal_torch_argmax_ties_and_nan_included():
+    from sonarspec_ext.engine.sampler import top_tokens
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(7, 8192, generator=g)
+    x[1, 10] = x[1, 20] = x[1].max() + 1          # tie: the first index wins
+    x[2, 300] = float("nan")                       # NaN counts as the maximum
+    x[3] = 0.0                                     # all equal
+    x[4, 8191] = float("inf")
+    for rows in (x, x[:, ::2], x.T.contiguous().T, x[5]):   # strided views and a 1-D row too
+        assert top_tokens(rows) == rows.argmax(-1).reshape(-1).tolist()
+    assert top_tokens(x)[1:4] == [10, 300, 0]
+    assert top_tokens(x.to(torch.bfloat16)) == x.to(torch.bfloat16).argmax(-1).tolist()

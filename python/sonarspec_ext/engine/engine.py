@@ -40,7 +40,10 @@ class EngineConfig:
     max_model_len: Optional[int] = None  # default: the model's max_position_embeddings
     draft_sampling: bool = False         # draft_target: sample drafts from q instead of its top token
     spec_max_batch: Optional[int] = None  # speculate only while at most this many sequences decode
-    async_planning: bool = True          # plan step t + 1 on the planner's thread once step t is done
+    # plan step t + 1 on the planner's thread once step t is done; None: where the models run on a
+    # GPU (the host plans while the device computes), not on the CPU (the planner's thread would
+    # compete with the kernels' threads for the cores)
+    async_planning: Optional[bool] = None
 
     def __post_init__(self):
         for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -57,6 +60,8 @@ class Engine:
         self.config = config or EngineConfig()
         self.spec = spec or SpecConfig()
         self.device = torch.device(device)
+        self.async_planning = (self.device.type == "cuda" if self.config.async_planning is None
+                               else bool(self.config.async_planning))
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but torch sees no CUDA device")
         self.dtype = parse_dtype(dtype)
@@ -174,7 +179,7 @@ class Engine:
         return got_tokens
 
     def _plan_ahead_possible(self) -> bool:
-        return self.config.async_planning and self._next_plan is None and self.has_unfinished()
+        return self.async_planning and self._next_plan is None and self.has_unfinished()
 
     def _plan(self):
         """This step's plan: the one computed ahead on the planner's thread (the wait is

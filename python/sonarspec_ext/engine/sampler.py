@@ -7,11 +7,22 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
+import numpy as np
 import torch
 
 from ..ops.sampling import processed_probs as sampling_probs
 from ..ops.speculative import chain_speculative_sampling
 from ..params import SamplingParams
+
+
+def top_tokens(logits: torch.Tensor) -> List[int]:
+    """The top token of each row of ``logits`` (n, vocab_size), or of a 1-D ``logits`` as a
+    list of one: the first index among equal maxima (NaN counting as the maximum), as
+    torch's argmax. float32 CPU rows go through numpy's argmax, about ten times faster
+    than torch's for a few rows of a vocabulary."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
+        return np.atleast_1d(logits.numpy().argmax(-1)).tolist()
+    return logits.argmax(-1).reshape(-1).tolist()
 
 
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -58,7 +69,7 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[Optional[torch.Generator]]) -> List[int]:
     """``logits``: (batch_size, vocab_size), one row per request -> one token id each (greedy
     rows take the top token; the others ``draw`` from their processed distribution)."""
-    out = logits.argmax(-1).tolist()
+    out = top_tokens(logits)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
         probs = processed_probs_rows(logits[rows], [params[i] for i in rows])

@@ -10,7 +10,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..engine.sampler import draw, processed_probs
+from ..engine.sampler import draw, processed_probs, top_tokens
 from ..ops.stack_drafting import block_table, chain, fits
 
 
@@ -96,7 +96,7 @@ def draw_draft(seq, logits: torch.Tensor, sample_drafts: bool) -> Tuple[int, Opt
     """A draft token from (vocab_size,) logits: the top token, or with ``sample_drafts`` a
     draw from the request's processed distribution q (returned with it)."""
     if seq.params.greedy or not sample_drafts:
-        return int(logits.argmax()), None
+        return top_tokens(logits)[0], None
     q = processed_probs(logits.unsqueeze(0), seq.params)
     return draw(q, [seq.generator])[0], q[0]
 

@@ -11,7 +11,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from .. import ops
-from ..engine.sampler import processed_probs, processed_probs_rows
+from ..engine.sampler import processed_probs, processed_probs_rows, top_tokens
 from ..ops.reference import inverse_cdf
 from .proposer import Draft
 
@@ -46,7 +46,7 @@ def verify_chain(target_logits: torch.Tensor, draft: Draft, params,
     """Host-side result of ``verify_chain_device``: (emitted token ids, number of accepted
     drafts); between 1 and len(draft) + 1 tokens are emitted."""
     if params.greedy and target_logits.device.type == "cpu":   # no device to stay on: compare on the host
-        best = target_logits.argmax(-1).tolist()
+        best = top_tokens(target_logits)
         a = 0
         while a < len(draft.token_ids) and draft.token_ids[a] == best[a]:
             a += 1
@@ -92,7 +92,7 @@ def verify_tree(target_logits: torch.Tensor, draft: Draft, params,
     tree = draft.tree
     first, nxt = tree.links()
     if params.greedy:
-        best = target_logits.argmax(-1).tolist()
+        best = top_tokens(target_logits)
         tokens, path, node = [], [], 0
         while True:
             child = int(first[node])
