@@ -12,11 +12,12 @@
 namespace sonarspec {
 
 namespace {
-// Long enough for back-to-back kernel calls. Polling through the Python between an engine
-// step's native calls (hundreds of microseconds) would save the wake-up per call, but a
-// polling worker holds its core, and torch's own intra-op threads then wait for it (with
-// 1 ms of polling, speculation with 4 drafts per step fell well below plain decoding).
-std::atomic<int64_t> g_spin_us{50};
+// An engine step runs Python between its native calls (up to a few hundred microseconds);
+// a worker that fell asleep meanwhile takes tens of microseconds to wake, on every call.
+// Past the first 50 us the worker yields between polls, so other threads that want its
+// core get it (the engine runs torch's own ops single-threaded inside a step, so torch's
+// OpenMP workers are not among them there).
+std::atomic<int64_t> g_spin_us{1000};
 }  // namespace
 
 void ThreadPool::set_spin_us(int64_t us) { g_spin_us.store(us < 0 ? 0 : us, std::memory_order_relaxed); }
@@ -56,11 +57,17 @@ void ThreadPool::drain() {
 
 void ThreadPool::worker(uint64_t seen) {
   for (;;) {
-    // Poll for spin_us() (back-to-back kernel calls), then sleep.
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us());
+    // Poll for spin_us(), yielding the core between polls after the first 50 us, then sleep.
+    const auto start = std::chrono::steady_clock::now();
+    const auto until = start + std::chrono::microseconds(spin_us());
+    const auto yield_from = start + std::chrono::microseconds(50);
     for (int spin = 1; generation_.load(std::memory_order_acquire) == seen; ++spin) {
       SONARSPEC_PAUSE();
-      if (spin % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
+      if (spin % 64 == 0) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= until) break;
+        if (now >= yield_from) std::this_thread::yield();
+      }
     }
     if (generation_.load(std::memory_order_acquire) == seen) {
       std::unique_lock<std::mutex> lock(mu_);
