@@ -12,6 +12,32 @@
 namespace sonarspec {
 namespace {
 
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) double sum_as_double_avx2(const float* p, int64_t n) {
+  __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm_loadu_ps(p + j)));
+    a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm_loadu_ps(p + j + 4)));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(a0, a1));
+  double s = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (; j < n; ++j) s += p[j];
+  return s;
+}
+#endif
+
+// Sum of n floats in double precision, eight running sums where the CPU has AVX2.
+double sum_as_double(const float* p, int64_t n) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return sum_as_double_avx2(p, n);
+#endif
+  double s = 0;
+  for (int64_t j = 0; j < n; ++j) s += p[j];
+  return s;
+}
+
 // Float bits of a positive value, as an integer, grow with the value: the top bits make
 // ordered buckets.
 constexpr int kBucketBits = 12;
@@ -28,8 +54,17 @@ double nucleus(float* p, int64_t vocab, double total, float top_p) {
   thread_local std::vector<double> sums;
   thread_local std::vector<int64_t> boundary;
   sums.assign(size_t{1} << kBucketBits, 0.0);
+  // A token below tiny is outside the nucleus: all tokens not above it weigh less than
+  // vocab * tiny = (1 - top_p) * total / 2, so the larger ones already exceed top_p * total
+  // (by a margin far beyond rounding). Zeroing them first leaves the buckets the walk below
+  // visits, and so the result, unchanged, and spares the histogram most of a flat tail.
+  const float tiny = static_cast<float>(0.5 * (1.0 - static_cast<double>(top_p)) * total / static_cast<double>(vocab));
   for (int64_t j = 0; j < vocab; ++j) {
-    if (p[j] > 0.f) sums[bucket_of(p[j])] += p[j];
+    if (p[j] < tiny) {
+      p[j] = 0.f;
+    } else if (p[j] > 0.f) {
+      sums[bucket_of(p[j])] += p[j];
+    }
   }
   const double target = static_cast<double>(top_p) * total;
   double before = 0;  // mass of the buckets above the boundary one
@@ -69,8 +104,7 @@ void one_row(const float* logits, float* p, int64_t vocab, float temperature, in
   }
   for (int64_t j = 0; j < vocab; ++j) p[j] -= mx;  // <= 0; -inf for removed tokens
   exp_inplace(p, static_cast<int>(vocab));
-  double total = 0;
-  for (int64_t j = 0; j < vocab; ++j) total += p[j];
+  double total = sum_as_double(p, vocab);
   if (top_p < 1.f) total = nucleus(p, vocab, total, top_p);
   const float inv = static_cast<float>(1.0 / total);
   for (int64_t j = 0; j < vocab; ++j) p[j] *= inv;
