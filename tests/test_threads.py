@@ -34,7 +34,8 @@ def test_an_engine_step_runs_torch_single_threaded_and_native_kernels_on_all_thr
     """Inside a step torch's ops run on one thread (its OpenMP workers, spinning after a
     parallel region, would hold the cores the native kernels' workers need), the native
     kernels get torch's thread count, a prefill chunk too large for them runs on torch's
-    kernels with the threads back (here: more than 8 rows with float32 weights), and afterwards torch's count is restored."""
+    kernels with the threads back (here: more than 8 rows with float32 weights), and
+    afterwards torch's count is restored."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
