@@ -1,11 +1,12 @@
 #!/usr/bin/env python
 """Cost of a target forward over T tokens of one sequence (a verification pass over
-1 + K tokens) relative to a one-token decode forward, CPU float32 activations;
-interleaved rounds, medians. The packaged target by default; ``--synthetic-200m``
-adds a random 200M-parameter Llama (bfloat16 weights, 400 MB: far beyond the CPU's
-caches, as an LLM's are) measured in the same run.
+1 + K tokens) relative to a one-token decode forward; interleaved rounds, medians. The
+packaged target by default; ``--synthetic-200m`` adds a random 200M-parameter Llama
+(bfloat16 weights, 400 MB: far beyond a CPU's caches, as an LLM's are) measured in the
+same run. CPU float32 activations by default; ``--device cuda --dtype bfloat16`` on a GPU.
 
     python tools/bench_verify_cost.py [--json PATH] [--context 100] [--model DIR] [--synthetic-200m]
+                                      [--device cpu|cuda] [--dtype float32|bfloat16]
 """
 from __future__ import annotations
 
@@ -22,15 +23,21 @@ from sonarspec_ext.bench import SYNTHETIC_200M, make_synthetic_model, median_us
 SIZES = (1, 2, 3, 4, 5, 8, 17)
 
 
-def forward_calls(model_dir: str, context: int):
-    """One target forward over T tokens at positions context.. of one sequence, per T."""
-    runner = LLM(model_dir).engine.runner
+def forward_calls(model_dir: str, context: int, device: str, dtype: str):
+    """One target forward over T tokens at positions context.. of one sequence, per T (on
+    a GPU each call waits for the device)."""
+    runner = LLM(model_dir, device=device, dtype=dtype).engine.runner
     table = list(range(context // 16 + 4))
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     calls = {}
     for T in SIZES:
         meta, pos = runner.metadata([(context, T, table)])
-        ids, rows = torch.randint(0, 1000, (T,)), torch.arange(T)
-        calls[T] = lambda ids=ids, pos=pos, meta=meta, rows=rows: runner.forward(ids, pos, meta, rows)
+        ids, rows = torch.randint(0, 1000, (T,), device=runner.device), torch.arange(T, device=runner.device)
+
+        def call(ids=ids, pos=pos, meta=meta, rows=rows):
+            runner.forward(ids, pos, meta, rows)
+            sync()
+        calls[T] = call
     params = sum(p.numel() for p in runner.model.parameters())
     return calls, params
 
@@ -42,13 +49,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", default="default", help="HF model directory, or 'default' (the packaged target)")
     ap.add_argument("--synthetic-200m", action="store_true", help="also a random 200M-parameter Llama")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = ap.parse_args()
-    models = {args.model: forward_calls(args.model, args.context)}
+    models = {args.model: forward_calls(args.model, args.context, args.device, args.dtype)}
     tmp = None
     if args.synthetic_200m:
         tmp = tempfile.TemporaryDirectory()
         models["synthetic-200m"] = forward_calls(make_synthetic_model(tmp.name, shape=SYNTHETIC_200M,
-                                                                      dtype="bfloat16"), args.context)
+                                                                      dtype="bfloat16"), args.context,
+                                                 args.device, args.dtype)
     times = {(name, T): [] for name in models for T in SIZES}
     for _ in range(args.rounds):
         for name, (calls, _) in models.items():
@@ -66,7 +76,8 @@ def main() -> None:
                             "vs_decode": round(us / base, 3)})
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"context": args.context, "threads": torch.get_num_threads(), "results": results}, fh, indent=1)
+            json.dump({"context": args.context, "threads": torch.get_num_threads(), "device": args.device,
+                       "dtype": args.dtype, "results": results}, fh, indent=1)
     if tmp is not None:
         tmp.cleanup()
 

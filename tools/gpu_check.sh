@@ -3,7 +3,7 @@
 # builds sonarspec with its CUDA kernels into a private target directory, runs the GPU
 # tests (CUDA kernels against their CPU twins and torch references) and times the CUDA
 # kernels against a device-to-device copy (and the CUTLASS MLP against torch's), then
-# runs the speculation benchmark on the GPU. Results
+# runs the speculation benchmark and the verification-cost benchmark on the GPU. Results
 # go to $OUT (a temp dir if unset). The CUTLASS headers come from third_party/cutlass
 # (bash tools/fetch_cutlass.sh beforehand where the GPU machine has no network; carry
 # third_party/ along).
@@ -30,5 +30,8 @@ echo "== kernel timings"
 echo "== speculation on the GPU (packaged models, bfloat16, batch 1 and 8)"
 "$PY" -m sonarspec_ext.cli bench --spec all --device cuda --dtype bfloat16 --ks 2 4 --mtp-ks 1 3 --repeats 2 \
   --max-tokens 64 --no-transformers --json "$OUT/spec_cuda.json" 2>&1 | tee "$OUT/spec_cuda.log"
+echo "== verification cost on the GPU (packaged target and a random 200M Llama, bfloat16)"
+"$PY" tools/bench_verify_cost.py --device cuda --dtype bfloat16 --synthetic-200m --rounds 3 \
+  --json "$OUT/verify_cost_cuda.json" 2>&1 | tee "$OUT/verify_cost_cuda.log" || true
 echo "results in $OUT (tests exit status $tests_rc)"
 exit "$tests_rc"
