@@ -164,14 +164,8 @@ int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr
 void small_gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
                 int num_threads, bool bf16_weights) {
   py::gil_scoped_release release;
-  auto xf = reinterpret_cast<const float*>(x);
-  auto bf = reinterpret_cast<const float*>(bias);
-  auto yf = reinterpret_cast<float*>(y);
-  if (bf16_weights) {
-    small_gemm_bf16w(xf, reinterpret_cast<const uint16_t*>(w), bf, yf, m, n, k, num_threads);
-  } else {
-    small_gemm_f32(xf, reinterpret_cast<const float*>(w), bf, yf, m, n, k, num_threads);
-  }
+  small_gemm_any(reinterpret_cast<const float*>(x), reinterpret_cast<const void*>(w), bf16_weights,
+                 reinterpret_cast<const float*>(bias), reinterpret_cast<float*>(y), m, n, k, num_threads);
 }
 
 // Returns 0, or kPaddedGemmUnsupported (-1) for a shape the kernel does not take (the

@@ -19,6 +19,10 @@ void small_gemm_f32(const float* x, const float* w, const float* bias, float* y,
 void small_gemm_bf16w(const float* x, const uint16_t* w, const float* bias, float* y, int64_t m, int64_t n,
                       int64_t k, int num_threads);
 
+// One of the two above, by the weights' type: bfloat16 bits when bf16_weights, else float32.
+void small_gemm_any(const float* x, const void* w, bool bf16_weights, const float* bias, float* y, int64_t m,
+                    int64_t n, int64_t k, int num_threads);
+
 }  // namespace sonarspec
 
 namespace sonarspec {

@@ -15,15 +15,6 @@
 namespace sonarspec {
 namespace {
 
-void gemm(const DecoderShape& s, const float* x, const void* w, const float* bias, float* y, int64_t m, int64_t n,
-          int64_t k, int num_threads) {
-  if (s.bf16_weights) {
-    small_gemm_bf16w(x, static_cast<const uint16_t*>(w), bias, y, m, n, k, num_threads);
-  } else {
-    small_gemm_f32(x, static_cast<const float*>(w), bias, y, m, n, k, num_threads);
-  }
-}
-
 void add_inplace(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
@@ -67,7 +58,7 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
         std::memcpy(row + s.hidden, f, sizeof(float) * s.hidden);
       }
     }
-    gemm(s, h.data(), w.fc, w.fc_bias, x, m, s.hidden, 2 * s.hidden, num_threads);
+    small_gemm_any(h.data(), w.fc, s.bf16_weights, w.fc_bias, x, m, s.hidden, 2 * s.hidden, num_threads);
   }
   qkv.resize(static_cast<size_t>(m * qkv_dim));
   qk.resize(static_cast<size_t>(m * qk_dim));
@@ -84,7 +75,7 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
       rms_norm_cpu(x, L.input_norm, h.data(), m, s.hidden, s.eps);
       in = h.data();
     }
-    gemm(s, in, L.qkv, L.qkv_bias, qkv.data(), m, qkv_dim, s.hidden, num_threads);
+    small_gemm_any(in, L.qkv, s.bf16_weights, L.qkv_bias, qkv.data(), m, qkv_dim, s.hidden, num_threads);
     gather_rows(qkv.data(), qkv_dim, qk.data(), m, qk_dim);   // cat(q, k) per token
     rope_cpu(qk.data(), cos.data(), sin.data(), qk_rot.data(), m, s.num_heads + s.num_kv_heads, s.head_dim);
     gather_rows(qk_rot.data(), qk_dim, q.data(), m, q_dim);
@@ -95,7 +86,7 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
     paged_attention_cpu(q.data(), L.k_pool, L.v_pool, a.block_table, a.max_pages, a.page_size, a.token_seq,
                         a.key_begin, a.key_end, a.tree_begin, a.tree_mask, att.data(), m, s.num_heads,
                         s.num_kv_heads, s.head_dim, s.num_slots, s.scale, num_threads);
-    gemm(s, att.data(), L.o, nullptr, tmp.data(), m, s.hidden, q_dim, num_threads);
+    small_gemm_any(att.data(), L.o, s.bf16_weights, nullptr, tmp.data(), m, s.hidden, q_dim, num_threads);
     add_inplace(x, tmp.data(), m * s.hidden);
     rms_norm_cpu(x, L.post_norm, h.data(), m, s.hidden, s.eps);
     small_mlp(h.data(), L.gate_up, L.down, tmp.data(), m, s.hidden, s.inter, s.bf16_weights, num_threads);

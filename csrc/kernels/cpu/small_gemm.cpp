@@ -120,4 +120,13 @@ void small_gemm_bf16w(const float* x, const uint16_t* w, const float* bias, floa
   small_gemm(x, w, bias, y, m, n, k, num_threads);
 }
 
+void small_gemm_any(const float* x, const void* w, bool bf16_weights, const float* bias, float* y, int64_t m,
+                    int64_t n, int64_t k, int num_threads) {
+  if (bf16_weights) {
+    small_gemm(x, static_cast<const uint16_t*>(w), bias, y, m, n, k, num_threads);
+  } else {
+    small_gemm(x, static_cast<const float*>(w), bias, y, m, n, k, num_threads);
+  }
+}
+
 }  // namespace sonarspec

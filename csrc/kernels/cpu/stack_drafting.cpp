@@ -57,12 +57,7 @@ struct Step {
 };
 
 void lm_head(const StackIO& io, const float* h, float* logits, int64_t rows, int64_t hidden, int num_threads) {
-  if (io.lm_head_bf16) {
-    small_gemm_bf16w(h, static_cast<const uint16_t*>(io.lm_head), nullptr, logits, rows, io.lm_rows, hidden,
-                     num_threads);
-  } else {
-    small_gemm_f32(h, static_cast<const float*>(io.lm_head), nullptr, logits, rows, io.lm_rows, hidden, num_threads);
-  }
+  small_gemm_any(h, io.lm_head, io.lm_head_bf16, nullptr, logits, rows, io.lm_rows, hidden, num_threads);
 }
 
 }  // namespace
