@@ -82,3 +82,22 @@ def test_bench_eagle_tree_sets_trees_beside_chains_and_times_attention(llama_dir
                 "--max-tokens", "12", "--ignore-eos")
     ref = LLM(llama_dir).generate("hello", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
     assert r.returncode == 0 and r.stdout.rstrip("\n") == "hello" + ref.text, r.stderr
+
+
+def test_bench_spec_records_a_failing_scheme_and_measures_the_rest(llama_dir, draft_dir, monkeypatch, capsys):
+    import sonarspec_ext.bench_spec as bs
+    run = bs._run_llm
+
+    def flaky(llm, *args):
+        if llm.engine.spec.num_draft_tokens == 3:
+            raise RuntimeError("kernel launch failed")
+        return run(llm, *args)
+    monkeypatch.setattr(bs, "_run_llm", flaky)
+    info = bs.bench_spec(llama_dir, draft_dir, ks=(2, 3), batch_sizes=(1,), max_tokens=4, repeats=1,
+                         with_transformers=False, mtp_ks=(), with_ngram=False)
+    rows = {r["scheme"]: r for r in info["results"]}
+    assert rows["draft_target K=3"] == {"batch_size": 1, "scheme": "draft_target K=3",
+                                        "error": "RuntimeError: kernel launch failed"}
+    assert rows["plain"]["tok_s"] > 0 and rows["draft_target K=2"]["greedy_agreement"] == "8/8"
+    bs.print_spec_table(info)
+    assert "draft_target K=3           failed: RuntimeError: kernel launch failed" in capsys.readouterr().out

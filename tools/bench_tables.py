@@ -15,6 +15,9 @@ def spec_table(info: dict) -> str:
     lines = ["| batch | scheme | tok/s | vs plain | tau | acceptance per position |",
              "|-------|--------|-------|----------|-----|-------------------------|"]
     for r in info["results"]:
+        if "error" in r:
+            lines.append(f"| {r['batch_size']} | {r['scheme']} | failed: {r['error']} | | | |")
+            continue
         tau = f"{r['tau']:.2f}" if "tau" in r else ""
         acc = acceptance_note(r)
         lines.append(f"| {r['batch_size']} | {r['scheme']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | {tau} | {acc} |")
