@@ -44,9 +44,9 @@ def test_greedy_equals_plain_on_cuda(name, plain_cuda):
 @pytest.mark.parametrize("method", ["draft_target", "mtp"])
 def test_sampled_law_on_cuda(method, llama_dir, draft_dir, heads):
     draft = draft_dir if method == "draft_target" else heads["trained"]
-    llm = LLM(llama_dir, device="cuda", dtype="float32",
+    llm = LLM(llama_dir, device="cuda", dtype="float32", max_num_seqs=256, draft_sampling=True,
               spec=SpecConfig(method=method, draft=draft, num_draft_tokens=3))
-    assert check_sampled_law(llm, llama_dir, 0.9, 0, 0.95, n=600)["num_draft_tokens"] > 0
+    assert check_sampled_law(llm, llama_dir, 1.0, 30, 0.9)["num_draft_tokens"] > 0
 
 
 def test_random_workload_frees_every_page_on_cuda(llama_dir, draft_dir):

@@ -32,22 +32,23 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def profile_scheme(name: str, device: str, dtype: str, max_tokens: int, top: int) -> dict:
+def profile_scheme(name: str, device: str, dtype: str, max_tokens: int, top: int, num_prompts: int) -> dict:
     llm = LLM("default", spec=_spec(name), device=device, dtype=dtype)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for p in PROMPTS[:2]:
         llm.generate([p], params)                       # warm-up: allocator, kernels, planner thread
     llm.engine.finished_stats.clear()
+    llm.engine.timing = dict.fromkeys(llm.engine.timing, 0.0)
     _sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities) as prof:
         t0 = time.perf_counter()
-        for p in PROMPTS:
+        for p in PROMPTS[:num_prompts]:
             llm.generate([p], params)
         _sync(device)
         wall = time.perf_counter() - t0
     s = llm.stats()
-    steps, tokens = s["num_engine_steps"], len(PROMPTS) * max_tokens
+    steps, tokens = s["num_engine_steps"], num_prompts * max_tokens
     events = prof.key_averages()
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
                                                          "cuLaunchKernelEx"))
@@ -69,13 +70,14 @@ def main() -> None:
     ap.add_argument("--schemes", nargs="+", default=["plain", "draft_target:4", "mtp:3"])
     ap.add_argument("--device", default="cuda", help="cuda (or cpu, for the host side alone)")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--num-prompts", type=int, default=3)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: try --device cpu")
-    rows = [profile_scheme(n, args.device, args.dtype, args.max_tokens, args.top) for n in args.schemes]
+    rows = [profile_scheme(n, args.device, args.dtype, args.max_tokens, args.top, args.num_prompts) for n in args.schemes]
     for r in rows:
         print(f"{r['scheme']:<16} {r['tok_s']:>8} tok/s  {r['us_per_step']:>8} us/step  tau {r['tau']:.2f}  "
               f"{r['launches_per_step']} launches/step  GPU busy {r['gpu_busy_us_per_step']} us/step  "

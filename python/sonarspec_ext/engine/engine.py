@@ -11,6 +11,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Union
 
+import numpy as np
 import torch
 
 from .. import _C
@@ -26,6 +27,7 @@ from ..spec.factory import make_proposer, resolve_draft
 from .generic_step import generic_step
 from .sync_free import sync_free_step
 from .metadata import TreeBlock
+from .transfer import to_device
 
 TIMING_KEYS = ("plan", "draft", "verify", "sample", "wait")
 
@@ -217,8 +219,9 @@ class Engine:
                 logits_idx.extend(range(row + n - 1, len(input_ids)))
         meta, positions = self.runner.planner_metadata(self.planner, [s.seq_id for s, *_ in batch], starts, lens,
                                                        self.model_config.sliding_window, trees)
-        t = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
-        return t(input_ids), positions, meta, blocks, t(logits_idx)
+        ids, logits_idx = to_device([np.asarray(input_ids, dtype=np.int64), np.asarray(logits_idx, dtype=np.int64)],
+                                    self.device)
+        return ids, positions, meta, blocks, logits_idx
 
     def emit(self, seq: Sequence, tokens: List[int], accepted: int, draft) -> int:
         """Appends a step's tokens to ``seq`` and commits its verified KV; returns the

@@ -9,6 +9,7 @@ import torch
 
 from .. import _C
 from ..layers.attention import PagedAttentionMetadata
+from .transfer import to_device
 
 # Steps with at most this many query tokens may use the native CPU attention kernel;
 # longer prefills go to torch's SDPA.
@@ -76,18 +77,16 @@ def _tree_args(trees):
 
 
 def _to_metadata(m: dict, page_size: int, device, native: bool):
-    t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
-    mask = None if m["mask"] is None else torch.from_numpy(m["mask"].view(np.bool_)).to(device)
-    block_table = t(m["block_table"])
-    native_fields, kv_slots = None, None
-    if native:
-        native_fields = (t(m["token_seq"]), t(m["key_begin"]), t(m["key_end"])) + (
-            (t(m["tree_begin"]), t(m["tree_mask"])) if m["has_tree"] else ())
-    else:   # SDPA gathers each sequence's cached K/V through per-position slots
+    names = ["slot_mapping", "query_index", "block_table", "output_index", "positions"]
+    names += ["token_seq", "key_begin", "key_end"] + (["tree_begin", "tree_mask"] if m["has_tree"] else []) if native else []
+    mask = None if m["mask"] is None else m["mask"].view(np.bool_)
+    arrays = dict(zip(names + ["mask"], to_device([m[k] for k in names] + [mask], device)))
+    block_table, kv_slots = arrays["block_table"], None
+    if not native:   # SDPA gathers each sequence's cached K/V through per-position slots
         pos = torch.arange(m["kv_max"], device=block_table.device)
         kv_slots = block_table[:, pos // page_size] * page_size + pos % page_size
-    meta = PagedAttentionMetadata(slot_mapping=t(m["slot_mapping"]), query_index=t(m["query_index"]),
-                                  block_table=block_table, page_size=page_size, kv_slots=kv_slots, mask=mask,
-                                  output_index=t(m["output_index"]), uniform_queries=m["uniform_queries"],
-                                  native=native_fields)
-    return meta, t(m["positions"])
+    meta = PagedAttentionMetadata(slot_mapping=arrays["slot_mapping"], query_index=arrays["query_index"],
+                                  block_table=block_table, page_size=page_size, kv_slots=kv_slots, mask=arrays["mask"],
+                                  output_index=arrays["output_index"], uniform_queries=m["uniform_queries"],
+                                  native=tuple(arrays[k] for k in names[5:]) if native else None)
+    return meta, arrays["positions"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
@@ -10,6 +11,7 @@ from ..ops.linear import native_gemm_threads, torch_gemm_threads, uses_native_ge
 from ..ops.stack_drafting import block_table, fits, rows_forward
 from .kv_cache import KVCache
 from .metadata import NATIVE_ATTENTION_MAX_TOKENS, TreeBlock, build_metadata, planner_metadata
+from .transfer import to_device
 
 
 class ModelRunner:
@@ -58,8 +60,8 @@ class ModelRunner:
             meta_rows.append((start, len(toks), table))
             last.extend(range(len(ids) - len(toks), len(ids)) if all_tokens else [len(ids) - 1])
         meta, positions = self.metadata(meta_rows, sliding_window, trees)
-        last_t = torch.tensor(last, device=self.device)
-        return self.forward(torch.tensor(ids, device=self.device), positions, meta, last_t,
+        ids_t, last_t = to_device([np.asarray(ids, dtype=np.int64), np.asarray(last, dtype=np.int64)], self.device)
+        return self.forward(ids_t, positions, meta, last_t,
                             hidden_indices=None if features is None else last_t, features=features)
 
     def _native_rows(self, rows, sliding_window, features):

@@ -14,6 +14,7 @@ import torch
 from ..engine.kv_cache import KVCache
 from ..engine.runner import ModelRunner
 from ..models.loader import load_model
+from .device_chain import device_chains
 from .proposer import Draft, Proposer, StepRecord, native_chains, propose_chains
 
 
@@ -28,6 +29,7 @@ class DraftModelProposer(Proposer):
         self.max_draft_tokens = num_draft_tokens
         self.lookahead = num_draft_tokens + 1   # the refill may write one slot past the chain
         self.sample_drafts = sample_drafts       # False: take the top token (point-mass drafts)
+        self.device_chain = True   # greedy chains stay on the device where the native chain does not apply
         self.state: Dict[int, Tuple[int, torch.Tensor]] = {}  # seq_id -> (num_computed, logits)
 
     def ready(self, seq) -> bool:
@@ -56,6 +58,13 @@ class DraftModelProposer(Proposer):
                                    self.vocab_size, sample_drafts=self.sample_drafts)
             if drafts is not None:
                 return drafts
+            k = ks[0]
+            if (self.device_chain and k >= 2 and all(x == k for x in ks)
+                    and (not self.sample_drafts or all(s.params.greedy for s in seqs))):
+                chains = device_chains(self.runner, logits, k, [s.num_tokens for s in seqs],
+                                       [self.page_table(s) for s in seqs], self.model.config.sliding_window,
+                                       self.vocab_size)
+                return [Draft(c) for c in chains]
 
         def advance(j, rows, drafts):
             return list(self._run([(seqs[i], seqs[i].num_tokens + j, [drafts[i].token_ids[j]]) for i in rows]))

@@ -45,16 +45,20 @@ def verify_chain(target_logits: torch.Tensor, draft: Draft, params,
                  generator: Optional[torch.Generator]) -> Tuple[List[int], int]:
     """Host-side result of ``verify_chain_device``: (emitted token ids, number of accepted
     drafts); between 1 and len(draft) + 1 tokens are emitted."""
-    if params.greedy and target_logits.device.type == "cpu":   # no device to stay on: compare on the host
-        best = top_tokens(target_logits)
-        a = 0
-        while a < len(draft.token_ids) and draft.token_ids[a] == best[a]:
-            a += 1
-        return best[:a + 1], a
+    if params.greedy:   # the host needs the tokens anyway: one read of the top tokens, compared there
+        return _greedy_result(top_tokens(target_logits), draft.token_ids)
     ids = torch.tensor(draft.token_ids, dtype=torch.long, device=target_logits.device)
     tokens, accepted = verify_chain_device(target_logits, ids, draft.probs, params, generator)
     a = int(accepted)
     return tokens[:a + 1].tolist(), a
+
+
+def _greedy_result(best: List[int], draft_ids: List[int]) -> Tuple[List[int], int]:
+    """Greedy verification from the target's top tokens at the last token and each draft."""
+    a = 0
+    while a < len(draft_ids) and draft_ids[a] == best[a]:
+        a += 1
+    return best[:a + 1], a
 
 
 def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, Optional[torch.Generator]]]
@@ -64,9 +68,18 @@ def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, Optional[torch.
     ``ops.chain_speculative_sampling`` call, their uniforms drawn from each request's
     generator as ``verify_chain_device`` draws them, so the results are the same."""
     results: List[Optional[Tuple[List[int], int]]] = [None] * len(items)
+    greedy = [i for i, it in enumerate(items) if it[2].greedy]
+    if greedy:   # every greedy chain's top tokens in one read
+        best = top_tokens(torch.cat([items[i][0] for i in greedy]) if len(greedy) > 1 else items[greedy[0]][0])
+        row = 0
+        for i in greedy:
+            n = len(items[i][1].token_ids) + 1
+            results[i], row = _greedy_result(best[row:row + n], items[i][1].token_ids), row + n
     groups = {}
     for i, (logits, draft, params, gen) in enumerate(items):
-        if params.greedy or (logits.device.type == "cuda" and not ops.built_with_cuda()):
+        if params.greedy:
+            continue
+        if logits.device.type == "cuda" and not ops.built_with_cuda():
             results[i] = verify_chain(logits, draft, params, gen)
         else:
             groups.setdefault((len(draft.token_ids), draft.probs is not None), []).append(i)

@@ -1,0 +1,42 @@
+"""Greedy draft chains that stay on the device.
+
+For a drafter running torch's kernels (CUDA, or the CPU where the native chain does not
+apply), drafting k tokens one forward at a time would build attention metadata, copy it
+to the device and read the top token back to the host k - 1 times. Here the metadata of
+the whole chain (positions start .. start + k - 2 of every sequence, causal) is built and
+copied once; round j runs the drafter on row j of it, whose mask hides the chain
+positions not written yet, and feeds the round's top tokens (taken on the device) to the
+next round. The host reads the k tokens of every sequence once, at the end.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+
+from ..engine.metadata import build_metadata
+from ..layers.attention import PagedAttentionMetadata
+
+
+def device_chains(runner, logits: Sequence[torch.Tensor], k: int, positions: Sequence[int],
+                  tables: Sequence[Sequence[int]], window: Optional[int], width: int) -> List[List[int]]:
+    """Greedy chains of ``k`` >= 2 tokens: token 1 is the top token of ``logits[i]`` (the
+    drafter's carried logits), tokens 2..k come from running ``runner``'s model from
+    ``positions[i]`` on page table ``tables[i]``; only the first ``width`` logits (the
+    target's vocabulary) compete. Equal to drafting one forward at a time."""
+    B, rounds = len(logits), k - 1
+    meta, pos = build_metadata([(p, rounds, t) for p, t in zip(positions, tables)], runner.kv_cache.page_size,
+                               runner.device, window)
+    if meta.native is not None or not meta.uniform_queries:   # the chain block is uniform by construction
+        raise AssertionError("device_chains needs SDPA metadata for a uniform chain block")
+    rows = torch.arange(B, device=runner.device)
+    slots, pos = meta.slot_mapping.view(B, rounds).t().contiguous(), pos.view(B, rounds).t().contiguous()  # round-major
+    tokens = [torch.stack(list(logits))[:, :width].argmax(-1)]
+    for j in range(rounds):
+        step = PagedAttentionMetadata(slot_mapping=slots[j], query_index=rows[:, None], block_table=meta.block_table,
+                                      page_size=meta.page_size, kv_slots=meta.kv_slots,
+                                      mask=None if meta.mask is None else meta.mask[:, :, j:j + 1],
+                                      output_index=rows, uniform_queries=True)
+        out = runner.forward(tokens[-1], pos[j], step, rows)
+        tokens.append(out[:, :width].argmax(-1))
+    return torch.stack(tokens, 1).tolist()
