@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One-shot check on a machine with an NVIDIA GPU (written for an H200; about 6 minutes,
 # each stage under its own time limit so that one hang cannot eat the rest): builds
-# sonarspec with its CUDA kernels into a private target directory, runs the GPU tests
-# (the whole engine on the GPU), the speculation benchmark on the GPU (packaged models,
-# bfloat16, with transformers generate and assisted generation), a profile of the
-# engine's steps on the GPU, the kernel tests (CUDA kernels against their CPU twins and
+# sonarspec with its CUDA kernels into a private target directory, runs the speculation
+# benchmark on the GPU (packaged models, bfloat16, with transformers generate and assisted
+# generation), the GPU tests of the whole engine, a profile of the engine's steps on the
+# GPU, the kernel tests (CUDA kernels against their CPU twins and
 # torch references), the verification-cost benchmark and the kernel timings - in order
 # of importance, should the machine's time run out. Results go to $OUT (a temp dir if
 # unset). The CUTLASS headers come from third_party/cutlass (bash tools/fetch_cutlass.sh
@@ -39,11 +39,11 @@ if ! "$PY" -c "from sonarspec_ext import _C; i = _C.build_info(); print(i); asse
   rm -rf "$site" && site=$(mktemp -d) && export PYTHONPATH="$site"
   SONARSPEC_CUDA=0 stage build_cpu_only 300 "$PY" -m pip install -q --no-build-isolation --no-deps --target "$site" .
 fi
-stage tests_engine 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_engine.py
 SPEC_ARGS=${SPEC_ARGS:---ks 2 4 6 --mtp-ks 1 3 --repeats 3 --max-tokens 64}   # the benchmark's settings
 # shellcheck disable=SC2086
 stage spec_cuda 240 "$PY" -m sonarspec_ext.cli bench --spec all --device cuda --dtype bfloat16 $SPEC_ARGS \
   --json "$OUT/spec_cuda.json"
+stage tests_engine 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_engine.py
 stage profile_cuda 120 "$PY" tools/profile_cuda.py --json "$OUT/profile_cuda.json"
 stage tests_kernels 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_native.py \
   tests/test_shifted_scatter.py tests/test_spec_sampling_op.py tests/test_tree_sampling.py tests/test_padded_gemm_cuda.py \
