@@ -1,12 +1,10 @@
 """Runs one model over a packed batch on its paged KV cache."""
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
 from ..ops.linear import native_gemm_threads, torch_gemm_threads, uses_native_gemm
@@ -14,17 +12,6 @@ from ..ops.stack_drafting import block_table, fits, rows_forward
 from .kv_cache import KVCache
 from .metadata import NATIVE_ATTENTION_MAX_TOKENS, TreeBlock, build_metadata, planner_metadata
 from .transfer import to_device
-
-
-# SDPA backends for paged attention on CUDA: cuDNN's is left out. It builds an execution
-# plan per new shape (and mask), and a decoding step's key length is new every step: a
-# profile on an H200 (tools/profile_cuda.py) had it take 1.8 ms of host time per call in
-# speculative steps, half of each step.
-_CUDA_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def attention_backends(device: torch.device):
-    return sdpa_kernel(_CUDA_SDPA) if device.type == "cuda" else nullcontext()
 
 
 class ModelRunner:
@@ -102,7 +89,7 @@ class ModelRunner:
         hidden_size) are the per-token hidden-state inputs of an MTP head."""
         small = uses_native_gemm(input_ids.numel(), input_ids.device, self.dtype, self.compact)
         extra = () if features is None else (features,)
-        with native_gemm_threads() if small else torch_gemm_threads(), attention_backends(self.device):
+        with native_gemm_threads() if small else torch_gemm_threads():
             attn = TorchPagedAttention(self.kv_cache, meta, self.stack() if small else None)
             hidden = self.model(input_ids, positions, attn, *extra)
             logits = self.model.compute_logits(hidden[logits_indices])
