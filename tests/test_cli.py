@@ -56,6 +56,8 @@ def test_bench_spec_mtp_runs_every_scheme_in_one_run(llama_dir, draft_dir, tmp_p
     assert r.returncode == 2 and "MTP head directory not found" in r.stderr
     r = run_cli("bench", "--model", llama_dir, "--device", "cuda")
     assert r.returncode == 2 and "apply to --spec all/mtp/eagle_tree" in r.stderr
+    r = run_cli("bench", "--spec", "mtp", "--model", llama_dir, "--draft", draft_dir, "--mtp", head, "--cuda-graphs")
+    assert r.returncode == 2 and "cuda_graphs needs a CUDA device" in r.stderr
     r = run_cli("bench", "--spec", "mtp", "--model", llama_dir, "--draft", draft_dir, "--mtp", head, "--ks", "2",
                 "--mtp-ks", "2", "--batch-sizes", "1", "--max-tokens", "8", "--repeats", "1", "--temperature", "0.8",
                 "--top-p", "0.9", "--draft-sampling", "--json", str(out))

@@ -66,3 +66,36 @@ def test_bfloat16_speculation_mostly_agrees(plain_cuda):
     got = [o.token_ids for o in llm.generate(TEXT, params)]
     prefix = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(got, ref)]
     assert sum(prefix) >= 0.6 * len(TEXT) * params.max_tokens, prefix
+
+
+@pytest.mark.parametrize("name", ["draft_target K=4", "ngram K=4", "mtp K=1", "mtp K=3"])
+def test_cuda_graphs_keep_greedy_output(name, plain_cuda):
+    """Steps replayed as CUDA graphs (keys padded to a bucket and masked) give plain greedy
+    decoding's output in float32, and the graphs were captured, not skipped."""
+    params, ref = plain_cuda
+    llm = LLM("default", device="cuda", dtype="float32", spec=SpecConfig(**SCHEMES[name]), cuda_graphs=True)
+    for bs in (1, 5):
+        assert [o.token_ids for o in llm.generate(TEXT[:bs], params)] == ref[bs], (name, bs)
+    graphs = llm.stats()["cuda_graphs"]
+    assert all(g["error"] is None for g in graphs) and graphs[0]["captured"] > 0, graphs
+    assert llm.engine.planner.num_free_pages == llm.engine.kv_cache.num_pages
+
+
+def test_cuda_graph_logits_match_the_eager_forward():
+    """One verification step (5 queries over 70 cached keys, padded to 128): graph replay
+    against the eager per-op forward on the same inputs, float32."""
+    from sonarspec_ext.engine.cuda_graphs import StepGraphs
+    from sonarspec_ext.engine.metadata import build_metadata
+    runner = LLM("default", device="cuda", dtype="float32").engine.runner
+    table = list(range(6))
+    meta, pos = build_metadata([(0, 70, table)], runner.kv_cache.page_size, "cuda")
+    ids = torch.randint(0, 8000, (70,), device="cuda")
+    runner.forward(ids, pos, meta, torch.tensor([69], device="cuda"))          # fills the cache
+    meta, pos = build_metadata([(70, 5, table)], runner.kv_cache.page_size, "cuda")
+    ids, rows = torch.randint(0, 8000, (5,), device="cuda"), torch.arange(5, device="cuda")
+    eager = runner.forward(ids, pos, meta, rows)
+    runner.graphs = StepGraphs(runner)
+    for _ in range(3):   # capture, then replays
+        graphed = runner.forward(ids, pos, meta, rows)
+        torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-4)
+    assert runner.graphs.error is None and len(runner.graphs.graphs) == 1

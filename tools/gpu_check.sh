@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One-shot check on a machine with an NVIDIA GPU (written for an H200; about 6 minutes,
+# One-shot check on a machine with an NVIDIA GPU (written for an H200; about 8 minutes,
 # each stage under its own time limit so that one hang cannot eat the rest): builds
 # sonarspec with its CUDA kernels into a private target directory, runs the speculation
 # benchmark on the GPU (packaged models, bfloat16, with transformers generate and assisted
-# generation), the GPU tests of the whole engine, a profile of the engine's steps on the
+# generation; then again with CUDA graphs), the GPU tests of the whole engine, a profile of the engine's steps on the
 # GPU, the kernel tests (CUDA kernels against their CPU twins and
 # torch references), the verification-cost benchmark and the kernel timings - in order
 # of importance, should the machine's time run out. Results go to $OUT (a temp dir if
@@ -43,6 +43,9 @@ SPEC_ARGS=${SPEC_ARGS:---ks 2 4 6 --mtp-ks 1 3 --repeats 3 --max-tokens 64}   # 
 # shellcheck disable=SC2086
 stage spec_cuda 240 "$PY" -m sonarspec_ext.cli bench --spec all --device cuda --dtype bfloat16 $SPEC_ARGS \
   --json "$OUT/spec_cuda.json"
+# shellcheck disable=SC2086
+stage spec_cuda_graphs 240 "$PY" -m sonarspec_ext.cli bench --spec all --device cuda --dtype bfloat16 $SPEC_ARGS \
+  --cuda-graphs --json "$OUT/spec_cuda_graphs.json"
 stage tests_engine 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_engine.py
 stage profile_cuda 120 "$PY" tools/profile_cuda.py --json "$OUT/profile_cuda.json"
 stage tests_kernels 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_native.py \

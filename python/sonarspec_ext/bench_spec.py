@@ -56,7 +56,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                threads: Optional[int] = None, mtp: Optional[str] = None, mtp_ks=(1, 2, 3, 4),
                with_ngram: bool = True, spec_max_batch: Optional[int] = None, trees=(), device: str = "cpu",
                dtype: str = "float32", temperature: float = 0.0, top_p: float = 1.0,
-               draft_sampling: bool = False) -> dict:
+               draft_sampling: bool = False, cuda_graphs: bool = False) -> dict:
     """Every scheme on the same prompts in one process. Each scheme's greedy output is
     first checked equal to plain decoding (on the CPU a difference is an error; on CUDA,
     where torch's GEMMs and SDPA may round a verification pass differently from a decoding
@@ -76,7 +76,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     sampled = temperature > 0
     schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram, trees)
     llms = {name: LLM(target_dir, spec=spec, spec_max_batch=spec_max_batch, device=device, dtype=dtype,
-                      draft_sampling=draft_sampling) for name, spec in schemes}
+                      draft_sampling=draft_sampling, cuda_graphs=cuda_graphs) for name, spec in schemes}
     rows = []
     for bs in batch_sizes:
         ref = [o.token_ids for o in _run_llm(llms["plain"], PROMPTS, params, bs)]
@@ -112,7 +112,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
             rows += _bench_transformers(target_dir, draft_dir, ref, max_tokens, repeats, base, device, dtype)
     return {"target": target_dir, "draft": draft_dir, "mtp": mtp_dir, "spec_max_batch": spec_max_batch,
             "max_tokens": max_tokens, "device": str(device), "dtype": dtype, "temperature": temperature, "top_p": top_p,
-            "draft_sampling": draft_sampling,
+            "draft_sampling": draft_sampling, "cuda_graphs": cuda_graphs,
             "num_prompts": len(PROMPTS), "repeats": repeats, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "results": rows}
 
@@ -158,6 +158,7 @@ def print_spec_table(info: dict) -> None:
     print(f"target {info['target']}\ndraft  {info['draft']}\nmtp    {info.get('mtp')}")
     mode = f"T = {info['temperature']}, top-p {info['top_p']}" if info.get("temperature") else "greedy"
     mode += ", drafts drawn from the drafter's distribution" if info.get("draft_sampling") else ""
+    mode += ", CUDA graphs" if info.get("cuda_graphs") else ""
     print(f"{info['num_prompts']} prompts x {info['max_tokens']} tokens, {mode}, median of {info['repeats']} "
           f"interleaved rounds, {info['threads']} threads")
     print(f"{'batch':>5}  {'scheme':<26} {'tok/s':>8} {'vs plain':>8} {'tau':>6}  per-position acceptance")

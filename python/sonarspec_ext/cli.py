@@ -59,7 +59,7 @@ def _bench(args) -> int:
                           args.repeats, full and not args.no_transformers, args.threads, mtp, args.mtp_ks,
                           with_ngram=full, spec_max_batch=args.spec_max_batch, trees=trees if mtp else (),
                           device=args.device, dtype=args.dtype, temperature=args.temperature, top_p=args.top_p,
-                          draft_sampling=args.draft_sampling)
+                          draft_sampling=args.draft_sampling, cuda_graphs=args.cuda_graphs)
         if tree:
             from .bench_attention import bench_tree_attention, print_attention_table
             from .models.config import ModelConfig
@@ -73,9 +73,9 @@ def _bench(args) -> int:
         if args.plot and not plot_spec(info, args.plot):
             print("bench: matplotlib is not installed; no chart written", file=sys.stderr)
         return 0
-    if args.device != "cpu" or args.dtype != "float32" or args.temperature or args.top_p != 1.0:
-        raise ValueError("--device, --dtype, --temperature and --top-p apply to --spec all/mtp/eagle_tree; "
-                         "--spec none runs greedy float32 on the CPU")
+    if args.device != "cpu" or args.dtype != "float32" or args.temperature or args.top_p != 1.0 or args.cuda_graphs:
+        raise ValueError("--device, --dtype, --temperature, --top-p and --cuda-graphs apply to --spec "
+                         "all/mtp/eagle_tree; --spec none runs greedy float32 on the CPU")
     info = bench_decode(None if args.model == "synthetic-30m" else args.model, args.batch_sizes,
                         args.prompt_len, args.max_tokens, args.repeats, args.threads,
                         with_transformers=not args.no_transformers)
@@ -172,6 +172,7 @@ def main(argv=None) -> int:
     b.add_argument("--threads", type=int, default=None)
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
     b.add_argument("--device", default="cpu", help="--spec all/mtp/eagle_tree: cpu or cuda")
+    b.add_argument("--cuda-graphs", action="store_true", help="with --device cuda: small steps as CUDA graphs")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="--spec all/mtp/eagle_tree: activation dtype")
     b.add_argument("--temperature", type=float, default=0.0,

@@ -101,4 +101,7 @@ class LLM:
             "num_output_tokens": sum(s["num_output_tokens"] for s in fs),
             "num_engine_steps": self.engine.num_steps,
             "timing": {k: self.engine.timing[k] for k in TIMING_KEYS},
+            **({"cuda_graphs": [{"captured": len(r.graphs.graphs), "error": r.graphs.error}
+                                for r in self.engine.runners() if r.graphs is not None]}
+               if self.engine.config.cuda_graphs else {}),
         }

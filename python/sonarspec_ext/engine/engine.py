@@ -26,6 +26,7 @@ from .sequence import Sequence
 from ..spec.factory import make_proposer, resolve_draft
 from .generic_step import generic_step
 from .sync_free import sync_free_step
+from .cuda_graphs import StepGraphs
 from .metadata import TreeBlock
 from .transfer import to_device
 
@@ -46,6 +47,9 @@ class EngineConfig:
     # GPU (the host plans while the device computes), not on the CPU (the planner's thread would
     # compete with the kernels' threads for the cores)
     async_planning: Optional[bool] = None
+    # CUDA only: small steps whose sequences all have the same number of query tokens
+    # (decoding, chain verification, draft rounds) run as CUDA graphs (engine/cuda_graphs.py)
+    cuda_graphs: bool = False
 
     def __post_init__(self):
         for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -89,6 +93,11 @@ class Engine:
         self.planner = _C.Planner(pc)
         self.proposer = make_proposer(self.spec, draft_dir, self.model, self.planner, num_pages, c.page_size,
                                       self.dtype, self.device, c.draft_sampling)
+        if c.cuda_graphs:
+            if self.device.type != "cuda":
+                raise ValueError(f"cuda_graphs needs a CUDA device, not {self.device.type!r}")
+            for runner in self.runners():
+                runner.graphs = StepGraphs(runner)
         self.seqs: Dict[int, Sequence] = {}
         self._ids = itertools.count()
         self.timing = dict.fromkeys(TIMING_KEYS, 0.0)
@@ -98,6 +107,11 @@ class Engine:
         # wraps the region of the single-token MTP schedule that must not wait for the host
         # (``sync_free.forbid_host_syncs`` or ``cuda_sync_guard`` make a sync there raise)
         self.sync_guard = nullcontext
+
+    def runners(self) -> List[ModelRunner]:
+        """The target's runner and the drafter's, if it has one."""
+        drafter = getattr(self.proposer, "runner", None)
+        return [self.runner] + ([drafter] if drafter is not None else [])
 
     # ---- requests -------------------------------------------------------------------
     def add_request(self, prompt: Union[str, List[int]], params: SamplingParams) -> int:

@@ -23,6 +23,7 @@ class ModelRunner:
         self.device = kv_cache.k.device
         self._stack = None   # the model's layers as one native call, built at the first small step
         self._stack_built = False
+        self.graphs = None   # engine.cuda_graphs.StepGraphs when small uniform steps run as CUDA graphs
 
     def stack(self):
         """The model's layers as one native call (``ops.DecoderStack``) on this cache, built
@@ -36,13 +37,13 @@ class ModelRunner:
         """``build_metadata`` for this model's cache; float32 models get the native attention
         kernel's key ranges for small steps."""
         return build_metadata(rows, self.kv_cache.page_size, self.device, sliding_window, trees=trees,
-                              native_attention=self.dtype == torch.float32)
+                              native_attention=self.dtype == torch.float32 and self.graphs is None)
 
     def planner_metadata(self, planner, seq_ids, starts, num_query, sliding_window: Optional[int] = None,
                          trees: Optional[List[Optional[TreeBlock]]] = None):
         """``metadata`` for rows of the planner's sequences, page tables read natively."""
         return planner_metadata(planner, seq_ids, starts, num_query, self.device, sliding_window, trees,
-                                native_attention=self.dtype == torch.float32)
+                                native_attention=self.dtype == torch.float32 and self.graphs is None)
 
     def forward_rows(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int] = None,
                      features: Optional[torch.Tensor] = None, trees: Optional[List[Optional[TreeBlock]]] = None,
@@ -67,7 +68,7 @@ class ModelRunner:
     def _native_rows(self, rows, sliding_window, features):
         """``forward_rows`` (logits, outputs) as one native call (``ops.stack_drafting``)
         when the model runs as a stack and the rows are a small step; else None."""
-        io = self.model.drafting_io() if self.device.type == "cpu" else None
+        io = self.model.drafting_io() if self.device.type == "cpu" and self.graphs is None else None
         num_tokens = sum(len(toks) for _, toks, _ in rows)
         stack = self.stack() if io is not None and num_tokens <= NATIVE_ATTENTION_MAX_TOKENS else None
         if stack is None or not fits(stack, io[1], len(rows), num_tokens):
@@ -87,6 +88,10 @@ class ModelRunner:
         ``logits_indices`` (num_logits, vocab_size), plus final hidden states for the rows in
         ``hidden_indices`` (an index tensor or slice) when given. ``features`` (num_tokens,
         hidden_size) are the per-token hidden-state inputs of an MTP head."""
+        graphed = None if self.graphs is None else self.graphs.run(input_ids, positions, meta, logits_indices, features)
+        if graphed is not None:   # a graph's static outputs: copied out before its next replay
+            hidden, logits = graphed
+            return logits.clone() if hidden_indices is None else (logits.clone(), hidden[hidden_indices].clone())
         small = uses_native_gemm(input_ids.numel(), input_ids.device, self.dtype, self.compact)
         extra = () if features is None else (features,)
         with native_gemm_threads() if small else torch_gemm_threads():

@@ -142,7 +142,7 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
     drafts). None when it does not apply; ``propose_chains`` then runs the rounds one by
     one, with the same result."""
     k, B = (ks[0] if ks else 0), len(seqs)
-    if k < 2 or any(x != k for x in ks) or runner.device.type != "cpu":
+    if k < 2 or any(x != k for x in ks) or runner.device.type != "cpu" or runner.graphs is not None:
         return None
     io = runner.model.drafting_io()
     stack = runner.stack() if io is not None else None

@@ -1,0 +1,133 @@
+"""CUDA graphs for small uniform forwards: decoding, verification and draft rounds.
+
+On a GPU the eager per-op forward of a small model is bound by the host launching its
+kernels (hundreds per step) rather than by the device. A step whose sequences all have
+the same number of query tokens (a decoding step, a chain verification, a draft round)
+has a fixed shape apart from its context length, so it can run as a CUDA graph captured
+once per (batch size, queries per sequence, key bucket): the step's inputs are copied
+into the graph's static buffers and the graph replays every kernel in one launch. Keys
+are padded to the bucket (a power of two) and the padding is masked, so one graph
+serves a range of context lengths.
+
+``StepGraphs(runner, capture=False)`` runs the same static-buffer forward eagerly: the
+CPU tests check the buffers, padding and masks that way.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
+
+MAX_TOKENS = 64     # batch x queries per sequence of a graphed step
+MAX_GRAPHS = 48     # captured graphs per runner; further shapes run eagerly
+MIN_KEYS = 64       # smallest key bucket
+# masked attention inside a graph: backends whose kernels are captured without host work
+_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def key_bucket(num_keys: int) -> int:
+    """The padded key length of a graph: the next power of two from ``MIN_KEYS``."""
+    return max(MIN_KEYS, 1 << (max(num_keys, 1) - 1).bit_length())
+
+
+class _Graph:
+    """Static inputs and outputs of one graphed shape, and its graph once captured."""
+
+    def __init__(self, runner, batch: int, queries: int, keys: int, feature_dim: Optional[int], num_logits: int):
+        dev, n = runner.device, batch * queries
+        self.runner = runner
+        self.ids = torch.zeros(n, dtype=torch.long, device=dev)
+        self.logits_rows = torch.zeros(num_logits, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.long, device=dev)
+        self.features = None if feature_dim is None else torch.zeros(n, feature_dim, dtype=runner.dtype, device=dev)
+        rows = torch.arange(n, device=dev)
+        self.meta = PagedAttentionMetadata(
+            slot_mapping=torch.full((n,), -1, dtype=torch.long, device=dev), query_index=rows.view(batch, queries),
+            block_table=torch.zeros(batch, 1, dtype=torch.long, device=dev), page_size=runner.kv_cache.page_size,
+            kv_slots=torch.zeros(batch, keys, dtype=torch.long, device=dev),
+            mask=torch.zeros(batch, 1, queries, keys, dtype=torch.bool, device=dev), output_index=rows,
+            uniform_queries=True)
+        self.graph = None
+        self.out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None   # (hidden, logits) of the last run
+
+    def fill(self, input_ids, positions, meta: PagedAttentionMetadata, logits_rows, features) -> None:
+        m, n = self.meta, meta.kv_slots.shape[1]
+        self.ids.copy_(input_ids)
+        self.logits_rows.copy_(logits_rows)
+        self.positions.copy_(positions)
+        m.slot_mapping.copy_(meta.slot_mapping)
+        m.kv_slots[:, :n].copy_(meta.kv_slots)       # slots past n keep old (valid) values: masked below
+        if meta.mask is None:
+            m.mask[..., :n].fill_(True)
+        else:
+            m.mask[..., :n].copy_(meta.mask)
+        m.mask[..., n:].fill_(False)
+        if features is not None:
+            self.features.copy_(features)
+
+    def forward(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        model = self.runner.model
+        extra = () if self.features is None else (self.features,)
+        with sdpa_kernel(_SDPA):
+            hidden = model(self.ids, self.positions, TorchPagedAttention(self.runner.kv_cache, self.meta), *extra)
+            return hidden, model.compute_logits(hidden[self.logits_rows])
+
+    def capture(self, pool):
+        """Captures ``forward`` after two warm-up runs on a side stream (the warm-ups compute
+        this step for real; the KV they store is what the replay stores again)."""
+        side = torch.cuda.Stream(self.runner.device)
+        side.wait_stream(torch.cuda.current_stream(self.runner.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.forward()
+        torch.cuda.current_stream(self.runner.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            self.out = self.forward()
+        self.graph = graph
+        return graph.pool()
+
+
+class StepGraphs:
+    """The graphed forwards of one ``ModelRunner``; ``run`` returns None for steps it does
+    not take (non-uniform or large steps, native CPU metadata, a shape past ``MAX_GRAPHS``,
+    or after a capture failed), which then run eagerly."""
+
+    def __init__(self, runner, capture: bool = True):
+        self.runner, self.capture = runner, capture
+        self.graphs: Dict[tuple, _Graph] = {}
+        self.pool = None
+        self.error: Optional[str] = None   # why capturing stopped, if it did
+
+    def run(self, input_ids, positions, meta: PagedAttentionMetadata, logits_rows: torch.Tensor, features=None
+            ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """(hidden states of every packed token, logits at ``logits_rows``), or None. The
+        logits come from the same GEMM over the same rows as the eager path's."""
+        if (self.error is not None or not meta.uniform_queries or meta.native is not None or meta.kv_slots is None
+                or not isinstance(logits_rows, torch.Tensor)):
+            return None
+        batch, queries = meta.query_index.shape
+        if batch * queries > MAX_TOKENS or batch * queries != input_ids.numel():
+            return None
+        keys = key_bucket(meta.kv_slots.shape[1])
+        shape = (batch, queries, keys, None if features is None else features.shape[-1], logits_rows.numel())
+        g = self.graphs.get(shape)
+        if g is None:
+            if len(self.graphs) >= MAX_GRAPHS:
+                return None
+            g = self.graphs[shape] = _Graph(self.runner, *shape)
+        g.fill(input_ids, positions, meta, logits_rows, features)
+        if not self.capture:
+            return g.forward()
+        if g.graph is None:
+            try:
+                self.pool = g.capture(self.pool)
+            except Exception as e:   # a kernel that cannot be captured: this runner stays eager
+                self.error = f"{type(e).__name__}: {e}"
+                del self.graphs[shape]
+                return None
+        g.graph.replay()
+        return g.out
