@@ -1,21 +1,23 @@
 """Greedy draft chains kept on the device (``spec.device_chain``, the path of drafters on
 CUDA), run here on the CPU with the native chain switched off: output equal to plain
 decoding, the same drafts as drafting one forward at a time (the target drafting for
-itself has every draft accepted; another draft has the same acceptance counts), for
-batches of unequal lengths and a sliding-window model."""
+itself has every draft accepted; another draft or an MTP head has the same acceptance
+counts), for batches of unequal lengths and a sliding-window model."""
 import pytest
 
 import sonarspec_ext.spec.draft_model as draft_model
+import sonarspec_ext.spec.mtp as mtp
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
 from test_generate import prompts
 
 
-def _run(model, draft, ps, params, k, monkeypatch, device_chain):
-    monkeypatch.setattr(draft_model, "native_chains", lambda *a, **kw: None)
+def _run(model, draft, ps, params, k, monkeypatch, device_chain, method="draft_target"):
+    module = draft_model if method == "draft_target" else mtp
+    monkeypatch.setattr(module, "native_chains", lambda *a, **kw: None)
     calls = []
-    real = draft_model.device_chains
-    monkeypatch.setattr(draft_model, "device_chains", lambda *a: calls.append(a[2]) or real(*a))
-    llm = LLM(model, spec=SpecConfig(method="draft_target", draft=draft, num_draft_tokens=k))
+    real = module.device_chains
+    monkeypatch.setattr(module, "device_chains", lambda *a: calls.append(a[2]) or real(*a))
+    llm = LLM(model, spec=SpecConfig(method=method, draft=draft, num_draft_tokens=k))
     llm.engine.proposer.device_chain = device_chain
     try:
         out = [o.token_ids for o in llm.generate(ps, params)]
@@ -45,4 +47,14 @@ def test_device_chain_equals_one_forward_at_a_time(model, draft_dir, monkeypatch
     chained, s1, calls = _run(target, draft, ps, params, 3, monkeypatch, True)
     stepped, s2, _ = _run(target, draft, ps, params, 3, monkeypatch, False)
     assert chained == stepped == plain and calls
+    assert (s1["num_draft_tokens"], s1["accepted_per_position"]) == (s2["num_draft_tokens"], s2["accepted_per_position"])
+
+
+def test_device_chain_of_an_mtp_head_equals_one_forward_at_a_time(llama_dir, heads, plain_greedy, monkeypatch):
+    ps = prompts(5, seed=8)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    chained, s1, calls = _run(llama_dir, heads["trained"], ps, params, 3, monkeypatch, True, "mtp")
+    stepped, s2, _ = _run(llama_dir, heads["trained"], ps, params, 3, monkeypatch, False, "mtp")
+    assert chained == stepped == plain_greedy(ps, params) and max(calls) == 3
+    assert s1["num_accepted_tokens"] > 0
     assert (s1["num_draft_tokens"], s1["accepted_per_position"]) == (s2["num_draft_tokens"], s2["accepted_per_position"])

@@ -78,7 +78,8 @@ def _tree_args(trees):
 
 def _to_metadata(m: dict, page_size: int, device, native: bool):
     names = ["slot_mapping", "query_index", "block_table", "output_index", "positions"]
-    names += ["token_seq", "key_begin", "key_end"] + (["tree_begin", "tree_mask"] if m["has_tree"] else []) if native else []
+    if native:   # the native attention kernel's key ranges (and tree bits) instead of a mask
+        names += ["token_seq", "key_begin", "key_end"] + (["tree_begin", "tree_mask"] if m["has_tree"] else [])
     mask = None if m["mask"] is None else m["mask"].view(np.bool_)
     arrays = dict(zip(names + ["mask"], to_device([m[k] for k in names] + [mask], device)))
     block_table, kv_slots = arrays["block_table"], None

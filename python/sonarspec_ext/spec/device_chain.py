@@ -18,12 +18,25 @@ from ..engine.metadata import build_metadata
 from ..layers.attention import PagedAttentionMetadata
 
 
+def chain_length(proposer, seqs, ks: Sequence[int]) -> int:
+    """The k of a device chain for this proposal, or 0 where it does not apply: it needs one
+    k >= 2 for every sequence and top-token drafts (greedy drafting, or greedy requests)."""
+    k = ks[0] if ks else 0
+    if (not proposer.device_chain or k < 2 or any(x != k for x in ks)
+            or (proposer.sample_drafts and not all(s.params.greedy for s in seqs))):
+        return 0
+    return k
+
+
 def device_chains(runner, logits: Sequence[torch.Tensor], k: int, positions: Sequence[int],
-                  tables: Sequence[Sequence[int]], window: Optional[int], width: int) -> List[List[int]]:
+                  tables: Sequence[Sequence[int]], window: Optional[int], width: int,
+                  features: Optional[torch.Tensor] = None) -> List[List[int]]:
     """Greedy chains of ``k`` >= 2 tokens: token 1 is the top token of ``logits[i]`` (the
     drafter's carried logits), tokens 2..k come from running ``runner``'s model from
     ``positions[i]`` on page table ``tables[i]``; only the first ``width`` logits (the
-    target's vocabulary) compete. Equal to drafting one forward at a time."""
+    target's vocabulary) compete. An MTP head also reads ``features`` (B, hidden): its
+    predicted feature at the first position, then its own output of each round. Equal to
+    drafting one forward at a time."""
     B, rounds = len(logits), k - 1
     meta, pos = build_metadata([(p, rounds, t) for p, t in zip(positions, tables)], runner.kv_cache.page_size,
                                runner.device, window)
@@ -37,6 +50,9 @@ def device_chains(runner, logits: Sequence[torch.Tensor], k: int, positions: Seq
                                       page_size=meta.page_size, kv_slots=meta.kv_slots,
                                       mask=None if meta.mask is None else meta.mask[:, :, j:j + 1],
                                       output_index=rows, uniform_queries=True)
-        out = runner.forward(tokens[-1], pos[j], step, rows)
+        if features is None:
+            out = runner.forward(tokens[-1], pos[j], step, rows)
+        else:
+            out, features = runner.forward(tokens[-1], pos[j], step, rows, hidden_indices=rows, features=features)
         tokens.append(out[:, :width].argmax(-1))
     return torch.stack(tokens, 1).tolist()

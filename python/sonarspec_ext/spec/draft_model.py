@@ -14,7 +14,7 @@ import torch
 from ..engine.kv_cache import KVCache
 from ..engine.runner import ModelRunner
 from ..models.loader import load_model
-from .device_chain import device_chains
+from .device_chain import chain_length, device_chains
 from .proposer import Draft, Proposer, StepRecord, native_chains, propose_chains
 
 
@@ -58,9 +58,8 @@ class DraftModelProposer(Proposer):
                                    self.vocab_size, sample_drafts=self.sample_drafts)
             if drafts is not None:
                 return drafts
-            k = ks[0]
-            if (self.device_chain and k >= 2 and all(x == k for x in ks)
-                    and (not self.sample_drafts or all(s.params.greedy for s in seqs))):
+            k = chain_length(self, seqs, ks)
+            if k:
                 chains = device_chains(self.runner, logits, k, [s.num_tokens for s in seqs],
                                        [self.page_table(s) for s in seqs], self.model.config.sliding_window,
                                        self.vocab_size)

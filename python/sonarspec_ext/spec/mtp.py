@@ -18,6 +18,7 @@ import torch
 from ..engine.kv_cache import KVCache
 from ..engine.runner import ModelRunner
 from ..models.mtp import MTPHead
+from .device_chain import chain_length, device_chains
 from .proposer import Draft, Proposer, StepRecord, native_chains, propose_chains
 
 
@@ -42,6 +43,7 @@ class MTPProposer(Proposer):
         self.max_draft_tokens = self.lookahead = num_draft_tokens
         self.sync_free = num_draft_tokens == 1   # the engine may use the single-token schedule
         self.sample_drafts = sample_drafts
+        self.device_chain = True   # greedy chains stay on the device where the native chain does not apply
         self.state: Dict[int, _HeadState] = {}
 
     def ready(self, seq) -> bool:
@@ -73,6 +75,12 @@ class MTPProposer(Proposer):
                 torch.stack(feats), self.sample_drafts)
             if drafts is not None:
                 return drafts
+            k = chain_length(self, seqs, ks)
+            if k:
+                chains = device_chains(self.runner, [st.logits for st in states], k, [s.num_tokens - 1 for s in seqs],
+                                       [self.page_table(s) for s in seqs], self.head.config.sliding_window,
+                                       self.vocab_size, torch.stack(feats))
+                return [Draft(c) for c in chains]
 
         def advance(j, rows, drafts):
             # head position N-1+j reads its own predicted feature and draft token j+1
