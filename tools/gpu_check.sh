@@ -48,6 +48,7 @@ stage spec_cuda_graphs 240 "$PY" -m sonarspec_ext.cli bench --spec all --device 
   --cuda-graphs --json "$OUT/spec_cuda_graphs.json"
 stage tests_engine 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_engine.py
 stage profile_cuda 120 "$PY" tools/profile_cuda.py --json "$OUT/profile_cuda.json"
+stage profile_cuda_graphs 120 "$PY" tools/profile_cuda.py --cuda-graphs --json "$OUT/profile_cuda_graphs.json"
 stage tests_kernels 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_native.py \
   tests/test_shifted_scatter.py tests/test_spec_sampling_op.py tests/test_tree_sampling.py tests/test_padded_gemm_cuda.py \
   tests/test_mtp.py -k "cuda or native or scatter or sampling or padded"

@@ -5,7 +5,8 @@ kernel launches per step, the GPU's busy time per step (sum of kernel durations;
 rest of the wall time the GPU waits for the host), the engine's own time split, and the
 operators with the most host time.
 
-    python tools/profile_cuda.py [--schemes plain draft_target:4 mtp:3] [--dtype bfloat16] [--json PATH]
+    python tools/profile_cuda.py [--schemes plain draft_target:4 mtp:3] [--dtype bfloat16] [--cuda-graphs]
+                                 [--json PATH]
 """
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def profile_scheme(name: str, device: str, dtype: str, max_tokens: int, top: int, num_prompts: int) -> dict:
-    llm = LLM("default", spec=_spec(name), device=device, dtype=dtype)
+def profile_scheme(name: str, device: str, dtype: str, max_tokens: int, top: int, num_prompts: int,
+                   cuda_graphs: bool = False) -> dict:
+    llm = LLM("default", spec=_spec(name), device=device, dtype=dtype, cuda_graphs=cuda_graphs)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for p in PROMPTS[:2]:
         llm.generate([p], params)                       # warm-up: allocator, kernels, planner thread
@@ -70,6 +72,7 @@ def main() -> None:
     ap.add_argument("--schemes", nargs="+", default=["plain", "draft_target:4", "mtp:3"])
     ap.add_argument("--device", default="cuda", help="cuda (or cpu, for the host side alone)")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--cuda-graphs", action="store_true", help="engine option cuda_graphs")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--num-prompts", type=int, default=3)
     ap.add_argument("--top", type=int, default=12)
@@ -77,7 +80,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: try --device cpu")
-    rows = [profile_scheme(n, args.device, args.dtype, args.max_tokens, args.top, args.num_prompts) for n in args.schemes]
+    rows = [profile_scheme(n, args.device, args.dtype, args.max_tokens, args.top, args.num_prompts, args.cuda_graphs)
+            for n in args.schemes]
     for r in rows:
         print(f"{r['scheme']:<16} {r['tok_s']:>8} tok/s  {r['us_per_step']:>8} us/step  tau {r['tau']:.2f}  "
               f"{r['launches_per_step']} launches/step  GPU busy {r['gpu_busy_us_per_step']} us/step  "
@@ -86,7 +90,8 @@ def main() -> None:
             print(f"    {o['op']:<40} {o['calls_per_step']:>7} calls  {o['self_cpu_us_per_step']:>8} us/step")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"dtype": args.dtype, "torch": torch.__version__, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+            json.dump({"dtype": args.dtype, "cuda_graphs": args.cuda_graphs, "torch": torch.__version__,
+                       "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                        "results": rows}, f, indent=1)
 
 

@@ -17,7 +17,8 @@ import torch
 _ALIGN = 8   # every array starts on an 8-byte boundary, so int64 views are aligned
 
 
-def to_device(arrays: Sequence[Optional[np.ndarray]], device, pack: Optional[bool] = None) -> List[Optional[torch.Tensor]]:
+def to_device(arrays: Sequence[Optional[np.ndarray]], device,
+              pack: Optional[bool] = None) -> List[Optional[torch.Tensor]]:
     """Tensors on ``device`` with the contents, dtypes and shapes of ``arrays`` (None entries
     stay None). ``pack``: copy through one packed buffer (default: on CUDA devices; the CPU
     takes it only when asked, which the tests use)."""
