@@ -95,7 +95,7 @@ def test_cuda_graph_logits_match_the_eager_forward():
     ids, rows = torch.randint(0, 8000, (5,), device="cuda"), torch.arange(5, device="cuda")
     eager = runner.forward(ids, pos, meta, rows)
     runner.graphs = StepGraphs(runner)
-    for _ in range(3):   # capture, then replays
+    for _ in range(3):   # eager at the shape's first use, then a capture, then a replay
         graphed = runner.forward(ids, pos, meta, rows)
         torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-4)
     assert runner.graphs.error is None and len(runner.graphs.graphs) == 1

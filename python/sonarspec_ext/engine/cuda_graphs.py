@@ -93,12 +93,13 @@ class _Graph:
 
 class StepGraphs:
     """The graphed forwards of one ``ModelRunner``; ``run`` returns None for steps it does
-    not take (non-uniform or large steps, native CPU metadata, a shape past ``MAX_GRAPHS``,
-    or after a capture failed), which then run eagerly."""
+    not take (non-uniform or large steps, native CPU metadata, the first use of a shape, a
+    shape past ``MAX_GRAPHS``, or after a capture failed), which then run eagerly."""
 
     def __init__(self, runner, capture: bool = True):
         self.runner, self.capture = runner, capture
         self.graphs: Dict[tuple, _Graph] = {}
+        self.seen: Dict[tuple, int] = {}   # uses of shapes without a graph yet
         self.pool = None
         self.error: Optional[str] = None   # why capturing stopped, if it did
 
@@ -115,8 +116,9 @@ class StepGraphs:
         keys = key_bucket(meta.kv_slots.shape[1])
         shape = (batch, queries, keys, None if features is None else features.shape[-1], logits_rows.numel())
         g = self.graphs.get(shape)
-        if g is None:
-            if len(self.graphs) >= MAX_GRAPHS:
+        if g is None:   # a shape gets a graph at its second use: one-off shapes (a prompt's prefill) stay eager
+            self.seen[shape] = self.seen.get(shape, 0) + 1
+            if self.seen[shape] < 2 or len(self.graphs) >= MAX_GRAPHS:
                 return None
             g = self.graphs[shape] = _Graph(self.runner, *shape)
         g.fill(input_ids, positions, meta, logits_rows, features)
