@@ -85,7 +85,7 @@ class _Graph:
                 self.forward()
         torch.cuda.current_stream(self.runner.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):   # the planner's thread runs on
             self.out = self.forward()
         self.graph = graph
         return graph.pool()
