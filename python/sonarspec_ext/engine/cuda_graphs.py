@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
 
 MAX_TOKENS = 64     # batch x queries per sequence of a graphed step
-MAX_GRAPHS = 48     # captured graphs per runner; further shapes run eagerly
+MAX_GRAPHS = 128    # captured graphs per runner (batch sizes x query counts x key buckets); more run eagerly
 MIN_KEYS = 64       # smallest key bucket
 # masked attention inside a graph: backends whose kernels are captured without host work
 _SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
