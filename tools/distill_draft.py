@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 
@@ -138,11 +139,14 @@ def main():
     bar.close()
     after = agreement(draft, target, val_data)
     print(f"after: {after}")
-    save_model(draft, args.out, dtype="bfloat16")
-    base.write_tokenizer_files(args.out, os.path.join(draft_dir, "tokenizer.json"))
-    with open(os.path.join(draft_dir, "training.json")) as fh:
+    with open(os.path.join(draft_dir, "training.json")) as fh:   # read before --out may overwrite it
         info = json.load(fh)
-    info["pretraining"] = {k: info[k] for k in ("train_loss", "val_loss", "val_perplexity")}
+    tokenizer = os.path.join(args.work, "draft_tokenizer.json")
+    shutil.copy(os.path.join(draft_dir, "tokenizer.json"), tokenizer)
+    save_model(draft, args.out, dtype="bfloat16")
+    base.write_tokenizer_files(args.out, tokenizer)
+    if "pretraining" not in info:   # a second distillation keeps the corpus-only losses
+        info["pretraining"] = {k: info[k] for k in ("train_loss", "val_loss", "val_perplexity")}
     info["val_loss"] = round(base.evaluate(draft, val_data), 4)   # the corpus losses of the distilled draft
     info["val_perplexity"] = round(math.exp(info["val_loss"]), 3)
     info["train_loss"] = round(base.evaluate(draft, train_data, max_windows=200), 4)
