@@ -107,7 +107,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
             rows.append({"batch_size": bs, "scheme": name, "tok_s": round(tok_s, 1),
                          "speedup": round(tok_s / base, 3), "tau": round(s["acceptance_length"], 3),
                          "accepted_per_position": [round(a, 3) for a in s["accepted_per_position"]],
-                         **({} if sampled else {"greedy_agreement": f"{agree[name]}/{len(ref)}"})})
+                         **({} if sampled else {"greedy_agreement": f"{agree[name]}/{len(ref)}"}),
+                         **({"cuda_graphs": s["cuda_graphs"]} if "cuda_graphs" in s else {})})
         if with_transformers and bs == 1 and draft_dir and not sampled:
             rows += _bench_transformers(target_dir, draft_dir, ref, max_tokens, repeats, base, device, dtype)
     return {"target": target_dir, "draft": draft_dir, "mtp": mtp_dir, "spec_max_batch": spec_max_batch,
