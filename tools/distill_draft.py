@@ -97,13 +97,7 @@ def main():
     draft = trainable(draft_dir).train()
     opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     ckpt = os.path.join(args.work, "draft_distill.ckpt.pt")
-    state = {"step": 0, "wall": 0.0, "history": [], "before": None}
-    if os.path.isfile(ckpt):
-        ck = torch.load(ckpt, weights_only=False)
-        draft.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        state = ck["state"]
-        print(f"resumed at step {state['step']}")
+    state = base.load_checkpoint(ckpt, draft, opt, {"step": 0, "wall": 0.0, "history": [], "before": None}, "distil")
     if state["before"] is None:
         state["before"] = agreement(draft, target, val_data)
         print(f"before: {state['before']}")
@@ -119,10 +113,7 @@ def main():
             t_logp = F.log_softmax(logits_of(target, x), -1)
         d_logp = F.log_softmax(logits_of(draft, x), -1)
         loss = F.kl_div(d_logp, t_logp, log_target=True, reduction="batchmean")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
+        base.optimizer_step(opt, draft, loss)
         now = time.time()
         state["wall"] += now - t_last
         t_last = now
@@ -133,9 +124,7 @@ def main():
         if state["step"] % 100 == 0 or state["step"] == args.steps:
             state["history"].append({"step": state["step"], "kl": round(ema, 4), "wall_s": round(state["wall"], 1),
                                      **agreement(draft, target, val_data, num_windows=16)})
-            tmp = ckpt + ".tmp"
-            torch.save({"model": draft.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
-            os.replace(tmp, ckpt)
+            base.save_checkpoint(ckpt, draft, opt, state)
     bar.close()
     after = agreement(draft, target, val_data)
     print(f"after: {after}")

@@ -109,6 +109,31 @@ def batch(data: np.ndarray, step: int, seed: int):
     return torch.from_numpy(x)
 
 
+def load_checkpoint(path: str, model, opt, state: dict, name: str) -> dict:
+    """The training state saved at ``path`` (model and optimizer restored), or ``state``."""
+    if not os.path.isfile(path):
+        return state
+    ck = torch.load(path, weights_only=False)
+    model.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["opt"])
+    print(f"[{name}] resumed at step {ck['state']['step']}")
+    return ck["state"]
+
+
+def save_checkpoint(path: str, model, opt, state: dict) -> None:
+    """Written to a temporary file first, so an interrupted save leaves the last one intact."""
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def optimizer_step(opt, model, loss: torch.Tensor) -> None:
+    """Backward, clip the gradient norm to 1, step (the base models' and the distillation's)."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
 def loss_on(model, x: torch.Tensor) -> torch.Tensor:
     B, T = x.shape[0], x.shape[1] - 1
     pos = torch.arange(T).repeat(B)
@@ -143,13 +168,7 @@ def train_model(name: str, spec: dict, eot: int, train_data, val_data, work: str
             torch.nn.init.normal_(p, std=std)
     opt = torch.optim.AdamW(model.parameters(), lr=peak, betas=(0.9, 0.95), weight_decay=0.1)
     ckpt_path = os.path.join(work, f"{name}.ckpt.pt")
-    state = {"step": 0, "tokens": 0, "wall": 0.0, "history": []}
-    if os.path.isfile(ckpt_path):
-        ck = torch.load(ckpt_path, weights_only=False)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        state = ck["state"]
-        print(f"[{name}] resumed at step {state['step']}")
+    state = load_checkpoint(ckpt_path, model, opt, {"step": 0, "tokens": 0, "wall": 0.0, "history": []}, name)
     model.train()
     bar = tqdm(total=steps, initial=state["step"], desc=f"train {name}", unit="step", dynamic_ncols=True)
     t_last, ema = time.time(), None
@@ -158,10 +177,7 @@ def train_model(name: str, spec: dict, eot: int, train_data, val_data, work: str
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, peak)
         loss = loss_on(model, batch(train_data, step, seed))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, model, loss)
         now = time.time()
         state["wall"] += now - t_last
         t_last = now
@@ -174,9 +190,7 @@ def train_model(name: str, spec: dict, eot: int, train_data, val_data, work: str
             state["history"].append({"step": state["step"], "train_loss": round(ema, 4),
                                      "tokens": state["tokens"], "wall_s": round(state["wall"], 1)})
         if state["step"] % 100 == 0 or state["step"] == steps:
-            tmp = ckpt_path + ".tmp"
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
-            os.replace(tmp, ckpt_path)
+            save_checkpoint(ckpt_path, model, opt, state)
     bar.close()
     val_loss = evaluate(model, val_data)
     train_loss = evaluate(model, train_data, max_windows=200)
