@@ -6,8 +6,7 @@ at batch 4; row forwards equal bit for bit."""
 import pytest
 import torch
 
-import sonarspec_ext.spec.draft_model as draft_model
-import sonarspec_ext.spec.mtp as mtp
+import sonarspec_ext.spec.proposer as proposer_mod
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
 from sonarspec_ext.engine.runner import ModelRunner
 from sonarspec_ext.ops.stack_drafting import chain, rows_forward
@@ -22,12 +21,11 @@ PARAMS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 def _drafts(model, spec, prompts, native: bool, monkeypatch, params=PARAMS):
     """Every step's proposed chains, and the outputs; ``native`` False: no native chains
     and no native row forwards (the per-op path)."""
-    for mod in (mtp, draft_model):
-        monkeypatch.setattr(mod, "native_chains",
-                            native_chains if native else (lambda *a, **k: None))
+    monkeypatch.setattr(proposer_mod, "native_chains", native_chains if native else (lambda *a, **k: None))
     monkeypatch.setattr(ModelRunner, "_native_rows", REAL_NATIVE_ROWS if native else (lambda *a, **k: None))
     llm = LLM(model, spec=spec)
     proposer, seen, used = llm.engine.proposer, [], []
+    proposer.device_chain = native   # off: every round on its own (the per-op path)
     real = proposer.propose
 
     def recording(seqs, ks):
@@ -42,8 +40,7 @@ def _drafts(model, spec, prompts, native: bool, monkeypatch, params=PARAMS):
             out = real_chains(*a, **k)
             used.append(out is not None)
             return out
-        for mod in (mtp, draft_model):
-            monkeypatch.setattr(mod, "native_chains", counting)
+        monkeypatch.setattr(proposer_mod, "native_chains", counting)
     outs = [o.token_ids for o in llm.generate(prompts, params)]
     return seen, outs, used
 
@@ -83,9 +80,9 @@ def test_sampled_drafts_equal_round_by_round(method, k, monkeypatch):
         used.append(out is not None)
         return out
     for native in (True, False):
-        for mod in (mtp, draft_model):
-            monkeypatch.setattr(mod, "native_chains", counting if native else (lambda *a, **kw: None))
+        monkeypatch.setattr(proposer_mod, "native_chains", counting if native else (lambda *a, **kw: None))
         llm = LLM("default", spec=spec, draft_sampling=True)
+        llm.engine.proposer.device_chain = native
         seen, real = [], llm.engine.proposer.propose
 
         def recording(seqs, ks, real=real, seen=seen):

@@ -17,15 +17,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sonarspec_ext import LLM, SamplingParams, SpecConfig
-from sonarspec_ext.bench_spec import PROMPTS
-
-
-def _spec(name: str) -> SpecConfig:
-    if name == "plain":
-        return SpecConfig()
-    method, k = name.split(":")
-    return SpecConfig(method=method, num_draft_tokens=int(k), **({} if method == "ngram" else {"draft": "default"}))
+from sonarspec_ext import LLM, SamplingParams
+from sonarspec_ext.bench_spec import PROMPTS, scheme_config
 
 
 def _sync(device: str) -> None:
@@ -35,7 +28,7 @@ def _sync(device: str) -> None:
 
 def profile_scheme(name: str, device: str, dtype: str, max_tokens: int, top: int, num_prompts: int,
                    cuda_graphs: bool = False) -> dict:
-    llm = LLM("default", spec=_spec(name), device=device, dtype=dtype, cuda_graphs=cuda_graphs)
+    llm = LLM("default", spec=scheme_config(name), device=device, dtype=dtype, cuda_graphs=cuda_graphs)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for p in PROMPTS[:2]:
         llm.generate([p], params)                       # warm-up: allocator, kernels, planner thread

@@ -21,8 +21,8 @@ import torch
 import sonarspec_ext.engine.runner as runner_mod
 import sonarspec_ext.ops.decoder_stack as decoder_stack
 import sonarspec_ext.spec.proposer as proposer_mod
-from sonarspec_ext import LLM, SamplingParams, SpecConfig
-from sonarspec_ext.bench_spec import PROMPTS
+from sonarspec_ext import LLM, SamplingParams
+from sonarspec_ext.bench_spec import PROMPTS, scheme_config
 from sonarspec_ext.models.llama import LlamaForCausalLM
 
 _spent = collections.defaultdict(float)
@@ -59,9 +59,7 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     llms = {}
     for scheme in args.schemes:
-        method, _, k = scheme.partition(":")
-        spec = SpecConfig() if method == "plain" else SpecConfig(method=method, num_draft_tokens=int(k or 4))
-        llms[scheme] = LLM("default", spec=spec)
+        llms[scheme] = LLM("default", spec=scheme_config(scheme))
         llms[scheme].generate(PROMPTS[:2], params)   # warm-up
     rows = collections.defaultdict(list)
     for _ in range(args.rounds):

@@ -37,6 +37,13 @@ def _run_llm(llm: LLM, prompts: List[str], params: List[SamplingParams], batch_s
     return out
 
 
+def scheme_config(name: str) -> SpecConfig:
+    """A profiling tool's scheme name: ``plain``, or ``method:k`` (k 4 if left out) with
+    the packaged drafter."""
+    method, _, k = name.partition(":")
+    return SpecConfig() if method == "plain" else SpecConfig(method=method, num_draft_tokens=int(k or 4))
+
+
 def _schemes(draft_dir: Optional[str], mtp_dir: Optional[str], ks, mtp_ks, with_ngram: bool, trees=()):
     out = [("plain", SpecConfig())]
     if draft_dir:

@@ -14,8 +14,7 @@ import torch
 from ..engine.kv_cache import KVCache
 from ..engine.runner import ModelRunner
 from ..models.loader import load_model
-from .device_chain import chain_length, device_chains
-from .proposer import Draft, Proposer, StepRecord, native_chains, propose_chains
+from .proposer import Draft, Proposer, StepRecord, propose_chains, whole_chains
 
 
 class DraftModelProposer(Proposer):
@@ -52,18 +51,9 @@ class DraftModelProposer(Proposer):
 
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
         logits = [self.state[s.seq_id][1] for s in seqs]
-        if seqs:
-            drafts = native_chains(self.runner, seqs, ks, logits, [s.num_tokens for s in seqs],
-                                   [self.page_table(s) for s in seqs], self.model.config.sliding_window,
-                                   self.vocab_size, sample_drafts=self.sample_drafts)
-            if drafts is not None:
-                return drafts
-            k = chain_length(self, seqs, ks)
-            if k:
-                chains = device_chains(self.runner, logits, k, [s.num_tokens for s in seqs],
-                                       [self.page_table(s) for s in seqs], self.model.config.sliding_window,
-                                       self.vocab_size)
-                return [Draft(c) for c in chains]
+        drafts = whole_chains(self, seqs, ks, logits, [s.num_tokens for s in seqs], self.model.config.sliding_window)
+        if drafts is not None:
+            return drafts
 
         def advance(j, rows, drafts):
             return list(self._run([(seqs[i], seqs[i].num_tokens + j, [drafts[i].token_ids[j]]) for i in rows]))

@@ -18,8 +18,7 @@ import torch
 from ..engine.kv_cache import KVCache
 from ..engine.runner import ModelRunner
 from ..models.mtp import MTPHead
-from .device_chain import chain_length, device_chains
-from .proposer import Draft, Proposer, StepRecord, native_chains, propose_chains
+from .proposer import Draft, Proposer, StepRecord, propose_chains, whole_chains
 
 
 @dataclass
@@ -68,19 +67,10 @@ class MTPProposer(Proposer):
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
         states = [self.state[s.seq_id] for s in seqs]
         feats = [st.feature for st in states]
-        if seqs:
-            drafts = native_chains(
-                self.runner, seqs, ks, [st.logits for st in states], [s.num_tokens - 1 for s in seqs],
-                [self.page_table(s) for s in seqs], self.head.config.sliding_window, self.vocab_size,
-                torch.stack(feats), self.sample_drafts)
-            if drafts is not None:
-                return drafts
-            k = chain_length(self, seqs, ks)
-            if k:
-                chains = device_chains(self.runner, [st.logits for st in states], k, [s.num_tokens - 1 for s in seqs],
-                                       [self.page_table(s) for s in seqs], self.head.config.sliding_window,
-                                       self.vocab_size, torch.stack(feats))
-                return [Draft(c) for c in chains]
+        drafts = whole_chains(self, seqs, ks, [st.logits for st in states], [s.num_tokens - 1 for s in seqs],
+                              self.head.config.sliding_window, torch.stack(feats) if seqs else None)
+        if drafts is not None:
+            return drafts
 
         def advance(j, rows, drafts):
             # head position N-1+j reads its own predicted feature and draft token j+1

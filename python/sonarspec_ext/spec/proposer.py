@@ -12,6 +12,7 @@ import torch
 
 from ..engine.sampler import draw, processed_probs, top_tokens
 from ..ops.stack_drafting import block_table, chain, fits
+from .device_chain import chain_length, device_chains
 
 
 @dataclass
@@ -126,6 +127,27 @@ def propose_chains(seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor]
         if d.probs is not None:
             d.probs = torch.stack(d.probs) if d.probs else None
     return drafts
+
+
+def whole_chains(proposer, seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor], positions: Sequence[int],
+                 window: Optional[int], features: Optional[torch.Tensor] = None) -> Optional[List[Draft]]:
+    """All of a step's chains without a host round trip per round: ``native_chains`` (CPU
+    drafters running as a native stack), else greedy ``device_chains``; None where neither
+    applies (``propose_chains`` then runs the rounds one by one). ``proposer`` supplies the
+    runner, page tables, draft vocabulary and sampling mode; ``positions``, ``features`` as
+    for ``native_chains``."""
+    if not seqs:
+        return None
+    tables = [proposer.page_table(s) for s in seqs]
+    drafts = native_chains(proposer.runner, seqs, ks, logits, positions, tables, window, proposer.vocab_size,
+                           features, proposer.sample_drafts)
+    if drafts is not None:
+        return drafts
+    k = chain_length(proposer, seqs, ks)
+    if not k:
+        return None
+    chains = device_chains(proposer.runner, logits, k, positions, tables, window, proposer.vocab_size, features)
+    return [Draft(c) for c in chains]
 
 
 def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor], positions: Sequence[int],
