@@ -53,9 +53,17 @@ def qwen_dir(tmp_path_factory):
     return d
 
 
-def hf_load(path):
+def hf_load(path, bf16_matmul_inputs: bool = False):
+    """The transformers model in float32. ``bf16_matmul_inputs``: every linear layer's
+    input is rounded to bfloat16 first - the arithmetic of sonarspec's compact (bfloat16)
+    weights, whose matrix products take bfloat16 activations and sum in float32."""
     import transformers
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    if bf16_matmul_inputs:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_pre_hook(lambda _, args: (args[0].bfloat16().float(),) + args[1:])
+    return model
 
 
 @pytest.fixture(scope="session")

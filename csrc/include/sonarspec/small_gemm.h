@@ -1,7 +1,9 @@
 // y = x @ w^T (+ bias) for few rows of x: the decode / verification / draft case,
 // where a general GEMM library falls back to slow matrix-vector paths. Weights are
 // streamed once per call; x rows stay in L1. float32 activations, float32 or bfloat16
-// weights.
+// weights. Every output depends only on its own row of x, never on how many rows share
+// the call, so a token decoded alone and the same token verified among others agree
+// bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +15,10 @@ namespace sonarspec {
 void small_gemm_f32(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
                     int64_t k, int num_threads);
 
-// The same with bfloat16 weights (raw uint16_t bits), widened to float32 in registers:
-// the result equals small_gemm_f32 on the widened weights, bit for bit, at half the
-// weight traffic.
+// The same with bfloat16 weights (raw uint16_t bits): the activations are rounded to
+// bfloat16 (nearest, ties to even) and the bfloat16 products (exact) summed in float32 -
+// with VDPBF16PS where the CPU has AVX512_BF16 (twice float32 FMA's multiply-adds per
+// instruction), else by widening both in registers. Half the weight traffic of float32.
 void small_gemm_bf16w(const float* x, const uint16_t* w, const float* bias, float* y, int64_t m, int64_t n,
                       int64_t k, int num_threads);
 

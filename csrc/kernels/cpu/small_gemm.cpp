@@ -5,6 +5,9 @@
 #include "sonarspec/small_gemm.h"
 
 #include <algorithm>
+#include <vector>
+
+#include "bf16_dot.h"
 
 #include "sonarspec/thread_pool.h"
 #include "vec.h"
@@ -65,6 +68,12 @@ void rows_scalar(const float* x, const W* w, float* y, int64_t m, int64_t n, int
     }
 }
 
+void add_bias(const float* bias, float* y, int64_t m, int64_t n, int64_t n_begin, int64_t n_end) {
+  if (bias)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = n_begin; j < n_end; ++j) y[i * n + j] += bias[j];
+}
+
 template <typename W>
 void rows(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
           int64_t n_begin, int64_t n_end) {
@@ -80,32 +89,37 @@ void rows(const float* x, const W* w, const float* bias, float* y, int64_t m, in
 #else
   rows_scalar(x, w, y, m, n, k, n_begin, n_end);
 #endif
-  if (bias)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = n_begin; j < n_end; ++j) y[i * n + j] += bias[j];
+  add_bias(bias, y, m, n, n_begin, n_end);
 }
 
-template <typename W>
-void small_gemm(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
-                int num_threads) {
-  // A thread per kMinWork multiply-adds at least (waking a worker costs about as much as
-  // a few thousand of them), tasks of at least 64 KiB of weights, about four per thread;
-  // small problems stay on the calling thread. The split is along n, so the result does
-  // not depend on the thread count.
+// Runs cols(n_begin, n_end) over column ranges of an (m, n, k) GEMM with `weight_bytes`
+// per weight. A thread per kMinWork multiply-adds at least (waking a worker costs about
+// as much as a few thousand of them), tasks of at least 64 KiB of weights, about four per
+// thread; small problems stay on the calling thread. Ranges start at multiples of 4, so
+// no column's arithmetic depends on the thread count.
+template <typename F>
+void split_columns(int64_t m, int64_t n, int64_t k, int64_t weight_bytes, int num_threads, F&& cols) {
   constexpr int64_t kMinWork = int64_t{1} << 16;
   int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads, m * n * k / kMinWork));
   if (threads == 1) {
-    rows(x, w, bias, y, m, n, k, 0, n);
+    cols(int64_t{0}, n);
     return;
   }
-  int64_t min_rows = std::max<int64_t>(4, (64 * 1024) / (k * static_cast<int64_t>(sizeof(W))));
+  int64_t min_rows = std::max<int64_t>(4, (64 * 1024) / (k * weight_bytes));
   int64_t chunk = std::max<int64_t>(min_rows, (n + 4 * threads - 1) / (4 * threads));
   chunk = (chunk + 3) / 4 * 4;
   int num_tasks = static_cast<int>((n + chunk - 1) / chunk);
   ThreadPool::global().run(num_tasks, static_cast<int>(threads), [&](int t) {
     int64_t b = t * chunk, e = std::min(n, b + chunk);
-    rows(x, w, bias, y, m, n, k, b, e);
+    cols(b, e);
   });
+}
+
+template <typename W>
+void small_gemm(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
+                int num_threads) {
+  split_columns(m, n, k, sizeof(W), num_threads,
+                [&](int64_t b, int64_t e) { rows(x, w, bias, y, m, n, k, b, e); });
 }
 
 }  // namespace
@@ -117,13 +131,30 @@ void small_gemm_f32(const float* x, const float* w, const float* bias, float* y,
 
 void small_gemm_bf16w(const float* x, const uint16_t* w, const float* bias, float* y, int64_t m, int64_t n,
                       int64_t k, int num_threads) {
-  small_gemm(x, w, bias, y, m, n, k, num_threads);
+  thread_local std::vector<uint16_t> xb;
+  const int64_t ldx = (k + 15) / 16 * 16;
+  xb.resize(static_cast<size_t>(m * ldx));
+  round_rows_to_bf16(x, xb.data(), m, k, ldx);
+  if (bf16_dot_available()) {
+    const uint16_t* rounded = xb.data();   // the workers see their own thread_local xb
+    split_columns(m, n, k, sizeof(uint16_t), num_threads, [&](int64_t b, int64_t e) {
+      bf16_dot_rows(rounded, ldx, w, y, m, n, k, b, e);
+      add_bias(bias, y, m, n, b, e);
+    });
+    return;
+  }
+  // Without VDPBF16PS: the same rounded activations, widened, through the FMA kernel.
+  thread_local std::vector<float> xr;
+  xr.resize(static_cast<size_t>(m * k));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t t = 0; t < k; ++t) xr[i * k + t] = bf16_to_float(xb[i * ldx + t]);
+  small_gemm(xr.data(), w, bias, y, m, n, k, num_threads);
 }
 
 void small_gemm_any(const float* x, const void* w, bool bf16_weights, const float* bias, float* y, int64_t m,
                     int64_t n, int64_t k, int num_threads) {
   if (bf16_weights) {
-    small_gemm(x, static_cast<const uint16_t*>(w), bias, y, m, n, k, num_threads);
+    small_gemm_bf16w(x, static_cast<const uint16_t*>(w), bias, y, m, n, k, num_threads);
   } else {
     small_gemm(x, static_cast<const float*>(w), bias, y, m, n, k, num_threads);
   }

@@ -56,8 +56,8 @@ def native_threads() -> int:
 
 
 # Rows up to which float32 activations against bfloat16 weights ("compact weights", see
-# ``models.loader.load_model``) use the native kernel, which widens the weights in
-# registers; beyond it the weights are widened for torch's GEMM on each call.
+# ``models.loader.load_model``) use the native kernel (bfloat16 dot products); beyond it
+# both operands are widened for torch's GEMM on each call.
 COMPACT_MAX_ROWS = 64
 
 
@@ -74,10 +74,11 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 
     float32 CPU inputs with few rows and no autograd use the register-blocked native kernel
     (float32 weights: up to ``SMALL_M_MAX_ROWS`` rows; bfloat16 weights: up to
-    ``COMPACT_MAX_ROWS``, widened exactly in registers); bfloat16/float16 CUDA tensors use
-    the CUTLASS GEMM with 64-row tiles when the build has it (in_features and
-    out_features multiples of 8); everything else goes to ``F.linear``, with bfloat16
-    weights widened to the activations' dtype first."""
+    ``COMPACT_MAX_ROWS``); bfloat16/float16 CUDA tensors use the CUTLASS GEMM with 64-row
+    tiles when the build has it (in_features and out_features multiples of 8); everything
+    else goes to ``F.linear``. bfloat16 weights with float32 activations always compute
+    as the native kernel does: activations rounded to bfloat16, products summed in
+    float32 (``F.linear`` on the widened operands beyond the native row counts)."""
     rows = x.numel() // x.shape[-1] if x.dim() else 0
     compact = weight.dtype == torch.bfloat16
     if (uses_native_gemm(rows, x.device, x.dtype, compact) and weight.dtype in (torch.float32, torch.bfloat16)
@@ -93,6 +94,8 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         out = _cutlass_linear(x, weight, bias)
         if out is not None:
             return out
+    if weight.dtype == torch.bfloat16 and x.dtype == torch.float32:
+        x = x.bfloat16().float()   # the native kernel's arithmetic: bfloat16 inputs, float32 sums
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
     return F.linear(x, weight, bias)
