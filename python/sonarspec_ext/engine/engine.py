@@ -5,6 +5,7 @@ this class holds the models, tensors and per-request Python state.
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 from contextlib import nullcontext
@@ -50,6 +51,10 @@ class EngineConfig:
     # CUDA only: small steps whose sequences all have the same number of query tokens
     # (decoding, chain verification, draft rounds) run as CUDA graphs (engine/cuda_graphs.py)
     cuda_graphs: bool = False
+    # once built, move every object alive (modules, imported libraries) to the collector's
+    # permanent generation (gc.freeze): its full passes, which otherwise walk all of them
+    # every few hundred steps, then only see what requests allocate
+    freeze_gc: bool = True
 
     def __post_init__(self):
         for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -107,6 +112,8 @@ class Engine:
         # wraps the region of the single-token MTP schedule that must not wait for the host
         # (``sync_free.forbid_host_syncs`` or ``cuda_sync_guard`` make a sync there raise)
         self.sync_guard = nullcontext
+        if c.freeze_gc:
+            gc.freeze()
 
     def runners(self) -> List[ModelRunner]:
         """The target's runner and the drafter's, if it has one."""

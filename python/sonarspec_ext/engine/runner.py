@@ -74,9 +74,10 @@ class ModelRunner:
         if stack is None or not fits(stack, io[1], len(rows), num_tokens):
             return None
         table = block_table([t for *_, t in rows])
-        ids = torch.tensor([tok for _, toks, _ in rows for tok in toks], dtype=torch.long)
-        starts = torch.tensor([start for start, _, _ in rows], dtype=torch.long)
-        lens = torch.tensor([len(toks) for _, toks, _ in rows], dtype=torch.long)
+        packed = [tok for _, toks, _ in rows for tok in toks]    # tokens, then starts, then lengths
+        packed += [start for start, _, _ in rows] + [len(toks) for _, toks, _ in rows]
+        packed = torch.from_numpy(np.asarray(packed, dtype=np.int64))
+        ids, starts, lens = packed[:num_tokens], packed[num_tokens:-len(rows)], packed[-len(rows):]
         with torch.inference_mode(), native_gemm_threads():
             return rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size, sliding_window,
                                 None if features is None else features.to(torch.float32))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import numpy as np
 import torch
 
 from .checks import check_tensor
@@ -22,19 +23,30 @@ def fits(stack: DecoderStack, lm_head: torch.Tensor, rows: int, num_tokens: int)
 
 def block_table(tables) -> torch.Tensor:
     """Page tables (lists of page ids) -> (len(tables), longest) int64, zero-padded."""
-    width = max(1, max((len(t) for t in tables), default=0))
-    return torch.tensor([list(t) + [0] * (width - len(t)) for t in tables], dtype=torch.long).reshape(-1, width)
+    width = max(1, max(map(len, tables), default=0))
+    out = np.zeros((len(tables), width), dtype=np.int64)
+    for i, t in enumerate(tables):
+        out[i, :len(t)] = t
+    return torch.from_numpy(out)
 
 
-def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window: int, rows: int,
-        features: Optional[torch.Tensor], num_tokens: int):
-    """Validated native arguments shared by both calls, plus contiguous features."""
+def _check_weights(stack: DecoderStack, embed, lm_head) -> None:
     for name, t in (("embed", embed), ("lm_head", lm_head)):
         check_tensor(name, t, dtypes=(torch.float32, torch.bfloat16), ndim=2, device=torch.device("cpu"))
         if t.shape[1] != stack.hidden:
             raise ValueError(f"{name} has shape {list(t.shape)}, expected [rows, {stack.hidden}]")
     if embed.shape[0] < lm_head.shape[0]:
         raise ValueError(f"embed ({embed.shape[0]} rows) must cover the lm_head's {lm_head.shape[0]} rows")
+
+
+def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window: int, rows: int,
+        features: Optional[torch.Tensor], num_tokens: int):
+    """Validated native arguments shared by both calls, plus contiguous features. The
+    weights are checked at their first call with this stack (they are the drafter's)."""
+    checked = getattr(stack, "_checked_io", None)
+    if checked is None or checked[0] is not embed or checked[1] is not lm_head:
+        _check_weights(stack, embed, lm_head)
+        stack._checked_io = (embed, lm_head)
     if not fits(stack, lm_head, rows, num_tokens):
         raise ValueError(f"DecoderStack drafting runs 1..{stack.max_rows} tokens at once and a float32 lm_head at "
                          f"most {SMALL_M_MAX_ROWS} rows, got {num_tokens} tokens in {rows} rows")
@@ -69,9 +81,10 @@ def rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor
     B = starts.shape[0] if isinstance(starts, torch.Tensor) and starts.dim() == 1 else 0
     _int64("starts", starts, B)
     _int64("lens", lens, B)
-    if B == 0 or int(lens.min()) < 1:
+    lens_list = lens.tolist()
+    if B == 0 or min(lens_list) < 1:
         raise ValueError("rows_forward needs rows of at least one token")
-    T = int(lens.sum())
+    T = sum(lens_list)
     _int64("tokens", tokens, T)
     args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, T)
     logits = torch.empty(B, lm_head.shape[0], dtype=torch.float32)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ..engine.sampler import draw, processed_probs, top_tokens
@@ -185,9 +186,9 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
         sampling = (torch.tensor([0.0 if p.greedy else p.temperature for p in ps], dtype=torch.float32),
                     torch.tensor([p.top_k for p in ps], dtype=torch.long),
                     torch.tensor([p.top_p for p in ps], dtype=torch.float32), uniforms)
-    out, probs = chain(stack, embed, lm_head, vocab, torch.tensor([t for t, _ in first]),
-                       torch.tensor(list(positions)), table, runner.kv_cache.page_size, window, k - 1, features,
-                       sampling)
+    packed = torch.from_numpy(np.asarray([t for t, _ in first] + list(positions), dtype=np.int64))
+    out, probs = chain(stack, embed, lm_head, vocab, packed[:B], packed[B:], table, runner.kv_cache.page_size,
+                       window, k - 1, features, sampling)
     if not sample_drafts:
         return [Draft([t] + row) for (t, _), row in zip(first, out.tolist())]
     probs = torch.nn.functional.pad(probs, (0, width - vocab))
