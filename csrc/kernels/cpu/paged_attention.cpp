@@ -20,28 +20,64 @@ namespace {
 constexpr int kChunk = 16;
 constexpr int kMaxGroup = 16;  // query heads per KV head handled in one task
 
+// The value pass of a chunk: o[g] += s[g][c] * v[c] for c in order, one axpy at a time.
+void values_axpy(float* const* o, const float (*s)[kChunk], const float* const* v, int n, int group,
+                 int64_t head_dim) {
+  for (int c = 0; c < n; ++c)
+    for (int g = 0; g < group; ++g) axpy(o[g], s[g][c], v[c], head_dim);
+}
+
+#if defined(__x86_64__)
+// The same with 32 columns of up to two heads' outputs held in registers over the whole
+// chunk (head_dim a multiple of 32): every output element takes the same fused
+// multiply-adds in the same order as axpy_avx2, without reloading and storing the
+// outputs for every key.
+__attribute__((target("avx2,fma"))) void values_avx2(float* const* o, const float (*s)[kChunk],
+                                                     const float* const* v, int n, int group, int64_t head_dim) {
+  if (head_dim % 32 != 0) return values_axpy(o, s, v, n, group, head_dim);
+  for (int g0 = 0; g0 < group; g0 += 2) {   // 8 accumulators + 4 value vectors of the 16 registers
+    const int gn = std::min(2, group - g0);
+    for (int64_t d = 0; d < head_dim; d += 32) {
+      __m256 acc[2][4];
+      for (int g = 0; g < gn; ++g)
+        for (int j = 0; j < 4; ++j) acc[g][j] = _mm256_loadu_ps(o[g0 + g] + d + 8 * j);
+      for (int c = 0; c < n; ++c) {
+        __m256 vv[4];
+        for (int j = 0; j < 4; ++j) vv[j] = _mm256_loadu_ps(v[c] + d + 8 * j);
+        for (int g = 0; g < gn; ++g) {
+          const __m256 a = _mm256_set1_ps(s[g0 + g][c]);
+          for (int j = 0; j < 4; ++j) acc[g][j] = _mm256_fmadd_ps(a, vv[j], acc[g][j]);
+        }
+      }
+      for (int g = 0; g < gn; ++g)
+        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o[g0 + g] + d + 8 * j, acc[g][j]);
+    }
+  }
+}
+#endif
+
 #define PA_NS portable
 #define PA_ATTR
 #define PA_DOT dot
-#define PA_AXPY axpy
+#define PA_VALUES values_axpy
 #define PA_EXP exp_inplace
 #include "paged_attention_chunk.inc"
 #undef PA_NS
 #undef PA_ATTR
 #undef PA_DOT
-#undef PA_AXPY
+#undef PA_VALUES
 #undef PA_EXP
 #if defined(__x86_64__)
 #define PA_NS avx2
 #define PA_ATTR __attribute__((target("avx2,fma")))
 #define PA_DOT dot_avx2
-#define PA_AXPY axpy_avx2
+#define PA_VALUES values_avx2
 #define PA_EXP exp_inplace_avx2
 #include "paged_attention_chunk.inc"
 #undef PA_NS
 #undef PA_ATTR
 #undef PA_DOT
-#undef PA_AXPY
+#undef PA_VALUES
 #undef PA_EXP
 #endif
 
