@@ -96,3 +96,22 @@ def test_stream_yields_the_same_text_as_generate(llama_dir):
     assert "".join(deltas) == text and len(deltas) > 1
     assert llm.engine.planner.num_free_pages == llm.engine.kv_cache.num_pages
     assert llm.stats()["num_output_tokens"] == 32
+
+
+def test_engine_freezes_the_gc_view_of_what_it_loaded_unless_told_not_to(llama_dir):
+    """``freeze_gc`` (default on) moves everything alive once the engine is built to the
+    collector's permanent generation; requests still free their objects."""
+    import gc
+    import weakref
+    gc.unfreeze()
+    try:
+        llm = LLM(llama_dir, freeze_gc=False)
+        assert gc.get_freeze_count() == 0
+        llm = LLM(llama_dir)
+        assert gc.get_freeze_count() > 0
+        params = SamplingParams(max_tokens=4, temperature=0)
+        ref = weakref.ref(llm.generate([[1, 2, 3]], params)[0])
+        gc.collect()
+        assert ref() is None
+    finally:
+        gc.unfreeze()
