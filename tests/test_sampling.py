@@ -124,3 +124,25 @@ def test_top_tokens_equal_torch_argmax_ties_and_nan_included():
         assert top_tokens(rows) == rows.argmax(-1).reshape(-1).tolist()
     assert top_tokens(x)[1:4] == [10, 300, 0]
     assert top_tokens(x.to(torch.bfloat16)) == x.to(torch.bfloat16).argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 8, 13, 8192, 8197])
+def test_native_top_token_equals_torch_argmax_ties_nan_and_tails(vocab):
+    """The drafting chains' native top token: torch.argmax's first maximum, NaN counting
+    as the maximum, for vocabularies that are not a multiple of the vector width."""
+    from sonarspec_ext import _C
+    g = torch.Generator().manual_seed(vocab)
+    rows = [torch.randn(vocab, generator=g) for _ in range(8)]
+    rows[1][vocab // 3] = rows[1][vocab - 1] = rows[1].max() + 1      # a tie, one of them in the tail
+    rows[2][vocab - 1] = float("nan")                                 # a NaN in the tail
+    rows[3][vocab // 2] = float("nan")
+    rows[3][0] = float("nan")
+    rows[4].fill_(float("-inf"))
+    rows[5].fill_(0.0)
+    rows[6][vocab - 1] = float("inf")
+    rows[7][vocab // 2] = float("inf")
+    rows[7][vocab - 1] = float("inf")
+    for r in rows:
+        assert _C.top_token(r.data_ptr(), vocab) == int(r.argmax())
+    with pytest.raises(ValueError, match="vocab"):
+        _C.top_token(rows[0].data_ptr(), 0)

@@ -221,6 +221,10 @@ PYBIND11_MODULE(_C, m) {
     processed_probs_cpu(reinterpret_cast<const float*>(logits), reinterpret_cast<float*>(probs), rows, vocab,
                         temperature, top_k, top_p, num_threads);
   }, "Sampling distribution of logit rows (temperature, top-k, top-p), float32 CPU (raw pointers).");
+  m.def("top_token", [](uintptr_t logits, int64_t vocab) {
+    if (vocab < 1) throw std::invalid_argument("top_token: vocab must be >= 1");
+    return top_token(reinterpret_cast<const float*>(logits), vocab);
+  }, "Index of the largest of vocab float32 logits: first among ties, NaN counting as the largest (raw pointer).");
   m.def("chain_speculative_sampling", &chain_speculative_sampling,
         "Chain rejection sampling with given float64 uniforms, CPU or CUDA (raw pointers).");
   m.def("tree_speculative_sampling", &tree_speculative_sampling,

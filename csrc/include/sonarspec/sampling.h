@@ -16,4 +16,8 @@ namespace sonarspec {
 void processed_probs_cpu(const float* logits, float* probs, int64_t rows, int64_t vocab, float temperature,
                          int64_t top_k, float top_p, int num_threads);
 
+// The index of the largest of vocab logits: the first among equal maxima, a NaN counting
+// as the maximum (torch.argmax's semantics).
+int64_t top_token(const float* logits, int64_t vocab);
+
 }  // namespace sonarspec

@@ -119,4 +119,58 @@ void processed_probs_cpu(const float* logits, float* probs, int64_t rows, int64_
   });
 }
 
+namespace {
+
+int64_t top_token_scalar(const float* l, int64_t vocab) {
+  int64_t best = 0;
+  for (int64_t v = 1; v < vocab; ++v) {  // first maximum; a NaN wins, as in torch.argmax
+    if (l[v] > l[best] || (std::isnan(l[v]) && !std::isnan(l[best]))) best = v;
+  }
+  return best;
+}
+
+#if defined(__x86_64__)
+// The same in two vector passes: the maximum (and whether any NaN is there), then the
+// first index holding it (or the first NaN).
+__attribute__((target("avx2,fma"))) int64_t top_token_avx2(const float* l, int64_t vocab) {
+  __m256 mx = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();
+  int64_t v = 0;
+  for (; v + 8 <= vocab; v += 8) {
+    const __m256 x = _mm256_loadu_ps(l + v);
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    mx = _mm256_max_ps(mx, x);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mx);
+  float m = lanes[0];
+  for (int i = 1; i < 8; ++i) m = std::max(m, lanes[i]);
+  bool nan = _mm256_movemask_ps(unordered) != 0;
+  for (int64_t t = v; t < vocab; ++t) {
+    nan = nan || std::isnan(l[t]);
+    m = std::max(m, l[t]);
+  }
+  if (nan) {
+    for (int64_t t = 0; t < vocab; ++t)
+      if (std::isnan(l[t])) return t;
+  }
+  const __m256 target = _mm256_set1_ps(m);
+  for (v = 0; v + 8 <= vocab; v += 8) {
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(l + v), target, _CMP_EQ_OQ));
+    if (hit) return v + __builtin_ctz(hit);
+  }
+  for (; v < vocab; ++v)
+    if (l[v] == m) return v;
+  return 0;   // not reached: m is one of the logits
+}
+#endif
+
+}  // namespace
+
+int64_t top_token(const float* l, int64_t vocab) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return top_token_avx2(l, vocab);
+#endif
+  return top_token_scalar(l, vocab);
+}
+
 }  // namespace sonarspec

@@ -81,14 +81,6 @@ void stack_rows_forward(const DecoderStackWeights& w, const DecoderShape& s, con
   lm_head(io, out_features, out_logits, batch, H, num_threads);
 }
 
-int64_t top_token(const float* l, int64_t vocab) {
-  int64_t best = 0;
-  for (int64_t v = 1; v < vocab; ++v) {  // first maximum; a NaN wins, as in torch.argmax
-    if (l[v] > l[best] || (std::isnan(l[v]) && !std::isnan(l[best]))) best = v;
-  }
-  return best;
-}
-
 void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, int64_t vocab,
                  const int64_t* tokens, const float* features, const int64_t* positions, int64_t batch, int64_t steps,
                  const ChainSampling* sampling, int64_t* out_tokens, int num_threads) {
