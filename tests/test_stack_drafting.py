@@ -13,16 +13,18 @@ from sonarspec_ext.ops.stack_drafting import chain, rows_forward
 from sonarspec_ext.spec.proposer import native_chains
 
 REAL_NATIVE_ROWS = ModelRunner._native_rows
+REAL_REFILL_CHAIN = ModelRunner.refill_chain
 
 PROMPTS = [[5, 6, 7], [40, 41, 42, 43, 44, 45, 46, 47, 48], [9] * 5, [100, 101]]
 PARAMS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 
 def _drafts(model, spec, prompts, native: bool, monkeypatch, params=PARAMS):
-    """Every step's proposed chains, and the outputs; ``native`` False: no native chains
-    and no native row forwards (the per-op path)."""
+    """Every step's proposed chains, and the outputs; ``native`` False: no native chains,
+    no native row forwards and no native refill-and-chain calls (the per-op path)."""
     monkeypatch.setattr(proposer_mod, "native_chains", native_chains if native else (lambda *a, **k: None))
     monkeypatch.setattr(ModelRunner, "_native_rows", REAL_NATIVE_ROWS if native else (lambda *a, **k: None))
+    monkeypatch.setattr(ModelRunner, "refill_chain", REAL_REFILL_CHAIN if native else (lambda *a, **k: None))
     llm = LLM(model, spec=spec)
     proposer, seen, used = llm.engine.proposer, [], []
     proposer.device_chain = native   # off: every round on its own (the per-op path)
@@ -41,6 +43,12 @@ def _drafts(model, spec, prompts, native: bool, monkeypatch, params=PARAMS):
             used.append(out is not None)
             return out
         monkeypatch.setattr(proposer_mod, "native_chains", counting)
+
+        def counting_refills(*a, **k):
+            out = REAL_REFILL_CHAIN(*a, **k)
+            used.append(out is not None)
+            return out
+        monkeypatch.setattr(ModelRunner, "refill_chain", counting_refills)
     outs = [o.token_ids for o in llm.generate(prompts, params)]
     return seen, outs, used
 
@@ -158,3 +166,23 @@ def test_greedy_chain_rejects_bad_input():
         rows_forward(stack, embed, lm_head, one, torch.tensor([3]), torch.tensor([0]), table, 16)
     with pytest.raises(ValueError, match="token 9000 out of range"):
         rows_forward(stack, embed, lm_head, torch.tensor([9000]), torch.tensor([3]), torch.tensor([1]), table, 16)
+
+
+def test_refill_chain_equals_rows_forward_then_top_token_then_chain():
+    """The draft model's refill and next chain in one native call: bit for bit the row
+    forward, torch's argmax of its logits, and the chain from there."""
+    from sonarspec_ext.ops.stack_drafting import block_table
+    llm = LLM("default", spec=SpecConfig(method="draft_target", num_draft_tokens=4))
+    runner = llm.engine.proposer.runner
+    g = torch.Generator().manual_seed(1)
+    rows = [(0, torch.randint(0, 8000, (5,), generator=g).tolist(), [3, 1]),
+            (7, torch.randint(0, 8000, (1,), generator=g).tolist(), [0]),
+            (12, torch.randint(0, 8000, (3,), generator=g).tolist(), [2, 4])]
+    logits, tokens = runner.refill_chain(rows, None, 8192, 3)
+    ref_logits, _ = runner._native_rows(rows, None, None)
+    first = ref_logits.argmax(-1)
+    positions = torch.tensor([start + len(toks) for start, toks, _ in rows])
+    ref_chain, _ = chain(runner.stack(), *runner.model.drafting_io(), 8192, first, positions,
+                         block_table([t for *_, t in rows]), runner.kv_cache.page_size, None, 3)
+    assert torch.equal(logits, ref_logits)
+    assert torch.equal(tokens[:, 0], first) and torch.equal(tokens[:, 1:], ref_chain)

@@ -8,7 +8,7 @@ import torch
 
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
 from ..ops.linear import native_gemm_threads, torch_gemm_threads, uses_native_gemm
-from ..ops.stack_drafting import block_table, fits, rows_forward
+from ..ops.stack_drafting import block_table, fits, refill_chain, rows_forward
 from .kv_cache import KVCache
 from .metadata import NATIVE_ATTENTION_MAX_TOKENS, TreeBlock, build_metadata, planner_metadata
 from .transfer import to_device
@@ -65,9 +65,10 @@ class ModelRunner:
         return self.forward(ids_t, positions, meta, last_t,
                             hidden_indices=None if features is None else last_t, features=features)
 
-    def _native_rows(self, rows, sliding_window, features):
-        """``forward_rows`` (logits, outputs) as one native call (``ops.stack_drafting``)
-        when the model runs as a stack and the rows are a small step; else None."""
+    def _native_inputs(self, rows):
+        """(stack, (embed, lm_head), block table, token ids, starts, lengths) for drafting
+        over rows natively (``ops.stack_drafting``) when the model runs as a stack and the
+        rows are a small step; else None."""
         io = self.model.drafting_io() if self.device.type == "cpu" and self.graphs is None else None
         num_tokens = sum(len(toks) for _, toks, _ in rows)
         stack = self.stack() if io is not None and num_tokens <= NATIVE_ATTENTION_MAX_TOKENS else None
@@ -77,10 +78,31 @@ class ModelRunner:
         packed = [tok for _, toks, _ in rows for tok in toks]    # tokens, then starts, then lengths
         packed += [start for start, _, _ in rows] + [len(toks) for _, toks, _ in rows]
         packed = torch.from_numpy(np.asarray(packed, dtype=np.int64))
-        ids, starts, lens = packed[:num_tokens], packed[num_tokens:-len(rows)], packed[-len(rows):]
+        return stack, io, table, packed[:num_tokens], packed[num_tokens:-len(rows)], packed[-len(rows):]
+
+    def _native_rows(self, rows, sliding_window, features):
+        """``forward_rows`` (logits, outputs) as one native call; None where it does not apply."""
+        inputs = self._native_inputs(rows)
+        if inputs is None:
+            return None
+        stack, io, table, ids, starts, lens = inputs
         with torch.inference_mode(), native_gemm_threads():
             return rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size, sliding_window,
                                 None if features is None else features.to(torch.float32))
+
+    def refill_chain(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int], vocab: int,
+                     steps: int):
+        """A draft model's ``forward_rows`` over (start, token ids, page table) rows, then
+        per row its top token among the first ``vocab`` logits and ``steps`` greedy chain
+        rounds from it, in one native call (``ops.stack_drafting.refill_chain``): (logits at
+        each row's last token, tokens (rows, 1 + steps)); None where it does not apply."""
+        inputs = self._native_inputs(rows)
+        if inputs is None:
+            return None
+        stack, io, table, ids, starts, lens = inputs
+        with torch.inference_mode(), native_gemm_threads():
+            return refill_chain(stack, *io, min(vocab, io[1].shape[0]), ids, starts, lens, table,
+                                self.kv_cache.page_size, sliding_window, steps)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: PagedAttentionMetadata,

@@ -70,6 +70,19 @@ def _int64(name: str, t: torch.Tensor, n: int) -> None:
         raise ValueError(f"{name} must be a contiguous int64 tensor of shape [{n}]")
 
 
+def _rows(tokens: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> Tuple[int, int]:
+    """(rows, tokens) of validated rows of tokens."""
+    B = starts.shape[0] if isinstance(starts, torch.Tensor) and starts.dim() == 1 else 0
+    _int64("starts", starts, B)
+    _int64("lens", lens, B)
+    lens_list = lens.tolist()
+    if B == 0 or min(lens_list) < 1:
+        raise ValueError("drafting needs rows of at least one token")
+    T = sum(lens_list)
+    _int64("tokens", tokens, T)
+    return B, T
+
+
 def rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, tokens: torch.Tensor,
                  starts: torch.Tensor, lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
                  window: Optional[int] = None, features: Optional[torch.Tensor] = None
@@ -78,14 +91,7 @@ def rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor
     ``starts[b]``...; its KV through ``block_table[b]``; an MTP head reads ``features``
     (num_tokens, hidden)) -> (float32 logits (rows, lm_head rows), stack outputs (rows,
     hidden)) at each row's last token. The new tokens' K/V are written to the pools."""
-    B = starts.shape[0] if isinstance(starts, torch.Tensor) and starts.dim() == 1 else 0
-    _int64("starts", starts, B)
-    _int64("lens", lens, B)
-    lens_list = lens.tolist()
-    if B == 0 or min(lens_list) < 1:
-        raise ValueError("rows_forward needs rows of at least one token")
-    T = sum(lens_list)
-    _int64("tokens", tokens, T)
+    B, T = _rows(tokens, starts, lens)
     args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, T)
     logits = torch.empty(B, lm_head.shape[0], dtype=torch.float32)
     out = torch.empty(B, stack.hidden, dtype=torch.float32)
@@ -136,3 +142,25 @@ def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab
     except IndexError as e:
         raise ValueError(str(e)) from None
     return out, probs
+
+
+def refill_chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, tokens: torch.Tensor,
+                 starts: torch.Tensor, lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
+                 window: Optional[int], steps: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A draft model's refill and its next greedy chain in one call: ``rows_forward`` over
+    the rows, then per row the top token among the first ``vocab`` logits and ``steps``
+    ``chain`` rounds from it at the position after the row. Returns (logits (rows,
+    lm_head rows) after each row's last token, tokens (rows, 1 + steps)): what the two
+    calls return with the top token taken in between."""
+    B, T = _rows(tokens, starts, lens)
+    if not 0 < vocab <= lm_head.shape[0] or steps < 0:
+        raise ValueError(f"vocab {vocab} must lie in 1..{lm_head.shape[0]} and steps be >= 0")
+    args, _ = _io(stack, embed, lm_head, block_table, page_size, window, B, None, T)
+    logits = torch.empty(B, lm_head.shape[0], dtype=torch.float32)
+    out = torch.empty(B, steps + 1, dtype=torch.int64)
+    try:
+        stack._native.refill_chain(args, vocab, tokens.data_ptr(), starts.data_ptr(), lens.data_ptr(), B, steps,
+                                   logits.data_ptr(), out.data_ptr(), native_threads())
+    except IndexError as e:
+        raise ValueError(str(e)) from None
+    return logits, out

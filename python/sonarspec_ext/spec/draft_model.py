@@ -3,7 +3,10 @@
 Per sequence the draft keeps its KV for every known token and carries the logits that
 predict the next one. A step samples draft token 1 from the carried logits, runs the
 draft k-1 more times, and after verification re-runs the draft over the newly emitted
-token(s) (its refill), whose logits are carried into the next step.
+token(s) (its refill), whose logits are carried into the next step. With top-token drafts
+on the CPU the refill waits for the next step's drafting and runs with its chain as one
+native call (``ModelRunner.refill_chain``); a step that drafts otherwise, or not at all,
+runs the waiting refills first - the same computations either way.
 """
 from __future__ import annotations
 
@@ -30,26 +33,71 @@ class DraftModelProposer(Proposer):
         self.sample_drafts = sample_drafts       # False: take the top token (point-mass drafts)
         self.device_chain = True   # greedy chains stay on the device where the native chain does not apply
         self.state: Dict[int, Tuple[int, torch.Tensor]] = {}  # seq_id -> (num_computed, logits)
+        self.pending: Dict[int, Tuple[object, int, List[int]]] = {}  # seq_id -> (seq, start, tokens): a refill waiting
+        self.defer_refills = not sample_drafts and self.runner.device.type == "cpu"
 
     def ready(self, seq) -> bool:
+        p = self.pending.get(seq.seq_id)
+        if p is not None:
+            return p[1] + len(p[2]) == seq.num_tokens
         st = self.state.get(seq.seq_id)
         return st is not None and st[0] == seq.num_tokens
 
     def reset(self, seq) -> None:
         self.state.pop(seq.seq_id, None)
+        self.pending.pop(seq.seq_id, None)
 
-    def _run(self, rows: List[Tuple[object, int, List[int]]]) -> torch.Tensor:
-        """One draft forward over (seq, start, token_ids) rows; logits at each row's last token,
-        cut or padded to the target's vocabulary."""
-        logits = self.runner.forward_rows([(start, toks, self.page_table(seq))
-                                           for seq, start, toks in rows], self.model.config.sliding_window)
+    def _vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's logits cut or padded (with -inf) to the target's vocabulary."""
         V = self.vocab_size
         if logits.shape[-1] >= V:
             return logits[:, :V]
         pad = torch.full((logits.shape[0], V - logits.shape[-1]), float("-inf"), device=logits.device)
         return torch.cat([logits, pad], dim=-1)
 
+    def _refill(self, rows: List[Tuple[object, int, List[int]]]) -> None:
+        """Runs the draft over (seq, start, token_ids) rows and carries their logits."""
+        out = self._run(rows)
+        for r, (seq, start, toks) in enumerate(rows):
+            self.state[seq.seq_id] = (start + len(toks), out[r])
+
+    def _flush(self) -> None:
+        """Runs the refills still waiting (no step drafted for them since)."""
+        if self.pending:
+            rows = list(self.pending.values())
+            self.pending.clear()
+            self._refill(rows)
+
+    def _refill_chains(self, seqs: Sequence, ks: Sequence[int]):
+        """Drafts from one native call running every sequence's waiting refill and then its
+        chain, when all of them have one and take the same k; else None."""
+        k = ks[0] if ks else 0
+        rows = [self.pending.get(s.seq_id) for s in seqs]
+        if k < 1 or any(x != k for x in ks) or any(r is None for r in rows):
+            return None
+        out = self.runner.refill_chain([(start, toks, self.page_table(seq)) for seq, start, toks in rows],
+                                       self.model.config.sliding_window, self.vocab_size, k - 1)
+        if out is None:
+            return None
+        logits, tokens = out
+        logits = self._vocab_logits(logits)
+        for r, (seq, start, toks) in enumerate(rows):
+            del self.pending[seq.seq_id]
+            self.state[seq.seq_id] = (start + len(toks), logits[r])
+        return [Draft(t) for t in tokens.tolist()]
+
+    def _run(self, rows: List[Tuple[object, int, List[int]]]) -> torch.Tensor:
+        """One draft forward over (seq, start, token_ids) rows; logits at each row's last token,
+        cut or padded to the target's vocabulary."""
+        return self._vocab_logits(self.runner.forward_rows([(start, toks, self.page_table(seq))
+                                                            for seq, start, toks in rows],
+                                                           self.model.config.sliding_window))
+
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
+        drafts = self._refill_chains(seqs, ks)
+        if drafts is not None:
+            return drafts
+        self._flush()
         logits = [self.state[s.seq_id][1] for s in seqs]
         drafts = whole_chains(self, seqs, ks, logits, [s.num_tokens for s in seqs], self.model.config.sliding_window)
         if drafts is not None:
@@ -60,6 +108,7 @@ class DraftModelProposer(Proposer):
         return propose_chains(seqs, ks, logits, self.sample_drafts, advance)
 
     def after_step(self, records: Sequence[StepRecord]) -> None:
+        self._flush()
         rows = []
         for r in records:
             if not r.frontier or (self.paused and r.decoded):
@@ -71,8 +120,7 @@ class DraftModelProposer(Proposer):
             if st is not None and st[0] == r.n_before and r.draft is not None:
                 valid += min(r.num_accepted, max(0, len(r.draft.token_ids) - 1))
             rows.append((seq, valid, seq.all_ids[valid:]))
-        if not rows:
-            return
-        out = self._run(rows)
-        for r, (seq, _, _) in enumerate(rows):
-            self.state[seq.seq_id] = (seq.num_tokens, out[r])
+        if self.defer_refills:
+            self.pending.update((row[0].seq_id, row) for row in rows)
+        elif rows:
+            self._refill(rows)
