@@ -22,6 +22,10 @@ void small_gemm_f32(const float* x, const float* w, const float* bias, float* y,
 void small_gemm_bf16w(const float* x, const uint16_t* w, const float* bias, float* y, int64_t m, int64_t n,
                       int64_t k, int num_threads);
 
+// Whether small_gemm_bf16w runs VDPBF16PS on this CPU (AVX512F/VL/BW and AVX512_BF16),
+// unless the environment variable SONARSPEC_NO_BF16_DOT is set to a non-zero value.
+bool bf16_dot_available();
+
 // One of the two above, by the weights' type: bfloat16 bits when bf16_weights, else float32.
 void small_gemm_any(const float* x, const void* w, bool bf16_weights, const float* bias, float* y, int64_t m,
                     int64_t n, int64_t k, int num_threads);

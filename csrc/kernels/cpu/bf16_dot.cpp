@@ -4,6 +4,7 @@
 // six rows share each pass over four weight rows (24 accumulators of the 32 registers).
 #include "bf16_dot.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -26,6 +27,11 @@ void round_rows_scalar(const float* x, uint16_t* xb, int64_t m, int64_t k, int64
     for (int64_t t = 0; t < k; ++t) xb[i * ldx + t] = round_to_bf16(x[i * k + t]);
     std::memset(xb + i * ldx + k, 0, sizeof(uint16_t) * (ldx - k));
   }
+}
+
+[[maybe_unused]] bool fallback_forced() {
+  const char* v = std::getenv("SONARSPEC_NO_BF16_DOT");
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
 }
 
 }  // namespace
@@ -134,9 +140,10 @@ BF16_ATTR void round_rows_simd(const float* x, uint16_t* xb, int64_t m, int64_t 
 }  // namespace
 
 bool bf16_dot_available() {
+  // SONARSPEC_NO_BF16_DOT=1 takes the fallback (tests run it on CPUs that have the instruction).
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16") &&
-                          __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+                          __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !fallback_forced();
   return yes;
 }
 

@@ -4,10 +4,9 @@
 
 #include <cstdint>
 
-namespace sonarspec {
+#include "sonarspec/small_gemm.h"   // bf16_dot_available
 
-// Whether this CPU runs the kernel below (AVX512F/VL/BW and AVX512_BF16).
-bool bf16_dot_available();
+namespace sonarspec {
 
 // y[i, j] = sum_t xb[i, t] * w[j, t] for rows i in [0, m), columns j in [n_begin, n_end).
 // xb: (m, ldx) bfloat16 bits, zero-padded from k to ldx (a multiple of 16);
