@@ -168,21 +168,25 @@ def test_greedy_chain_rejects_bad_input():
         rows_forward(stack, embed, lm_head, torch.tensor([9000]), torch.tensor([3]), torch.tensor([1]), table, 16)
 
 
-def test_refill_chain_equals_rows_forward_then_top_token_then_chain():
-    """The draft model's refill and next chain in one native call: bit for bit the row
-    forward, torch's argmax of its logits, and the chain from there."""
+@pytest.mark.parametrize("method", ["mtp", "draft_target"])
+def test_refill_chain_equals_rows_forward_then_top_token_then_chain(method):
+    """A drafter's refill and next chain in one native call: bit for bit the row forward,
+    torch's argmax of its logits, and the chain from there (an MTP head from the row
+    forward's outputs)."""
     from sonarspec_ext.ops.stack_drafting import block_table
-    llm = LLM("default", spec=SpecConfig(method="draft_target", num_draft_tokens=4))
+    llm = LLM("default", spec=SpecConfig(method=method, num_draft_tokens=4))
     runner = llm.engine.proposer.runner
     g = torch.Generator().manual_seed(1)
     rows = [(0, torch.randint(0, 8000, (5,), generator=g).tolist(), [3, 1]),
             (7, torch.randint(0, 8000, (1,), generator=g).tolist(), [0]),
             (12, torch.randint(0, 8000, (3,), generator=g).tolist(), [2, 4])]
-    logits, tokens = runner.refill_chain(rows, None, 8192, 3)
-    ref_logits, _ = runner._native_rows(rows, None, None)
+    feats = torch.randn(9, 256, generator=g) if method == "mtp" else None
+    logits, outputs, tokens = runner.refill_chain(rows, None, 8192, 3, features=feats)
+    ref_logits, ref_outputs = runner._native_rows(rows, None, feats)
     first = ref_logits.argmax(-1)
     positions = torch.tensor([start + len(toks) for start, toks, _ in rows])
     ref_chain, _ = chain(runner.stack(), *runner.model.drafting_io(), 8192, first, positions,
-                         block_table([t for *_, t in rows]), runner.kv_cache.page_size, None, 3)
-    assert torch.equal(logits, ref_logits)
+                         block_table([t for *_, t in rows]), runner.kv_cache.page_size, None, 3,
+                         ref_outputs if method == "mtp" else None)
+    assert torch.equal(logits, ref_logits) and torch.equal(outputs, ref_outputs)
     assert torch.equal(tokens[:, 0], first) and torch.equal(tokens[:, 1:], ref_chain)

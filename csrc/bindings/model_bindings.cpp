@@ -116,14 +116,15 @@ class DecoderStack {
                        num_threads);
   }
 
-  void refill_chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t starts, uintptr_t lens,
-                    int64_t batch, int64_t steps, uintptr_t out_logits, uintptr_t out_tokens, int num_threads) {
-    if (weights_.fc != nullptr) throw std::invalid_argument("DecoderStack: refill_chain is for draft models");
-    const StackIO io = make_io(io_args, 0, batch);
+  void refill_chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t starts,
+                    uintptr_t lens, int64_t batch, int64_t steps, uintptr_t out_logits, uintptr_t out_features,
+                    uintptr_t out_tokens, int num_threads) {
+    const StackIO io = make_io(io_args, features, batch);
     auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
     py::gil_scoped_release release;
-    stack_refill_chain(weights_, shape_, io, vocab, i(tokens), i(starts), i(lens), batch, steps,
-                       reinterpret_cast<float*>(out_logits), reinterpret_cast<int64_t*>(out_tokens), num_threads);
+    stack_refill_chain(weights_, shape_, io, vocab, i(tokens), reinterpret_cast<const float*>(features), i(starts),
+                       i(lens), batch, steps, reinterpret_cast<float*>(out_logits),
+                       reinterpret_cast<float*>(out_features), reinterpret_cast<int64_t*>(out_tokens), num_threads);
   }
 
   size_t num_layers() const { return layers_.size(); }
@@ -170,7 +171,7 @@ void bind_decoder_stack(py::module_& m) {
       .def("rows_forward", &DecoderStack::rows_forward,
            "Embed, stack and lm_head over rows of tokens: logits and outputs at each row's last token.")
       .def("refill_chain", &DecoderStack::refill_chain,
-           "A draft model's rows_forward, then the top token of each row and a greedy chain from it.")
+           "A drafter's rows_forward, then the top token of each row and a greedy chain from it.")
       .def_property_readonly("num_layers", &DecoderStack::num_layers);
 }
 

@@ -52,13 +52,16 @@ void stack_chain(const DecoderStackWeights& weights, const DecoderShape& shape, 
                  const int64_t* tokens, const float* features, const int64_t* positions, int64_t batch, int64_t steps,
                  const ChainSampling* sampling, int64_t* out_tokens, int num_threads);
 
-// A draft model's refill and its next chain in one call: stack_rows_forward over the rows
-// (out_logits (batch, lm_rows): the logits after each row's last token), then per row the
-// top token among the first `vocab` of them and `steps` greedy chain rounds from it at
-// position starts[b] + lens[b]. out_tokens: (batch, 1 + steps). The same results as the
-// two calls in turn with the top token taken in between.
+// A drafter's refill and its next chain in one call: stack_rows_forward over the rows
+// (features as there: an MTP head's target features, else null; out_logits (batch,
+// lm_rows) and out_features (batch, hidden) after each row's last token), then per row the
+// top token among the first `vocab` logits and `steps` greedy chain rounds from it at
+// position starts[b] + lens[b] (an MTP head starting from out_features[b]). out_tokens:
+// (batch, 1 + steps). The same results as the two calls in turn with the top token taken
+// in between.
 void stack_refill_chain(const DecoderStackWeights& weights, const DecoderShape& shape, const StackIO& io,
-                        int64_t vocab, const int64_t* tokens, const int64_t* starts, const int64_t* lens,
-                        int64_t batch, int64_t steps, float* out_logits, int64_t* out_tokens, int num_threads);
+                        int64_t vocab, const int64_t* tokens, const float* features, const int64_t* starts,
+                        const int64_t* lens, int64_t batch, int64_t steps, float* out_logits, float* out_features,
+                        int64_t* out_tokens, int num_threads);
 
 }  // namespace sonarspec

@@ -121,18 +121,18 @@ void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const Stac
 }
 
 void stack_refill_chain(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, int64_t vocab,
-                        const int64_t* tokens, const int64_t* starts, const int64_t* lens, int64_t batch,
-                        int64_t steps, float* out_logits, int64_t* out_tokens, int num_threads) {
+                        const int64_t* tokens, const float* features, const int64_t* starts, const int64_t* lens,
+                        int64_t batch, int64_t steps, float* out_logits, float* out_features, int64_t* out_tokens,
+                        int num_threads) {
   if (vocab <= 0 || vocab > io.lm_rows || steps < 0) throw std::invalid_argument("refill_chain: invalid vocab/steps");
-  std::vector<float> outputs(static_cast<size_t>(batch * s.hidden));
-  stack_rows_forward(w, s, io, tokens, nullptr, starts, lens, batch, out_logits, outputs.data(), num_threads);
+  stack_rows_forward(w, s, io, tokens, features, starts, lens, batch, out_logits, out_features, num_threads);
   std::vector<int64_t> first(batch), positions(batch), rest(static_cast<size_t>(batch * steps));
   for (int64_t b = 0; b < batch; ++b) {
     first[b] = top_token(out_logits + b * io.lm_rows, vocab);
     positions[b] = starts[b] + lens[b];
   }
-  stack_chain(w, s, io, vocab, first.data(), nullptr, positions.data(), batch, steps, nullptr, rest.data(),
-              num_threads);
+  stack_chain(w, s, io, vocab, first.data(), features != nullptr ? out_features : nullptr, positions.data(), batch,
+              steps, nullptr, rest.data(), num_threads);
   for (int64_t b = 0; b < batch; ++b) {
     out_tokens[b * (steps + 1)] = first[b];
     std::copy(rest.begin() + b * steps, rest.begin() + (b + 1) * steps, out_tokens + b * (steps + 1) + 1);

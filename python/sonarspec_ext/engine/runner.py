@@ -91,18 +91,20 @@ class ModelRunner:
                                 None if features is None else features.to(torch.float32))
 
     def refill_chain(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int], vocab: int,
-                     steps: int):
-        """A draft model's ``forward_rows`` over (start, token ids, page table) rows, then
-        per row its top token among the first ``vocab`` logits and ``steps`` greedy chain
-        rounds from it, in one native call (``ops.stack_drafting.refill_chain``): (logits at
-        each row's last token, tokens (rows, 1 + steps)); None where it does not apply."""
+                     steps: int, features: Optional[torch.Tensor] = None):
+        """A drafter's ``forward_rows`` over (start, token ids, page table) rows (an MTP
+        head with ``features``), then per row its top token among the first ``vocab`` logits
+        and ``steps`` greedy chain rounds from it, in one native call
+        (``ops.stack_drafting.refill_chain``): (logits and outputs at each row's last
+        token, tokens (rows, 1 + steps)); None where it does not apply."""
         inputs = self._native_inputs(rows)
         if inputs is None:
             return None
         stack, io, table, ids, starts, lens = inputs
         with torch.inference_mode(), native_gemm_threads():
             return refill_chain(stack, *io, min(vocab, io[1].shape[0]), ids, starts, lens, table,
-                                self.kv_cache.page_size, sliding_window, steps)
+                                self.kv_cache.page_size, sliding_window, steps,
+                                None if features is None else features.to(torch.float32))
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: PagedAttentionMetadata,

@@ -146,21 +146,25 @@ def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab
 
 def refill_chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, tokens: torch.Tensor,
                  starts: torch.Tensor, lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
-                 window: Optional[int], steps: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """A draft model's refill and its next greedy chain in one call: ``rows_forward`` over
-    the rows, then per row the top token among the first ``vocab`` logits and ``steps``
-    ``chain`` rounds from it at the position after the row. Returns (logits (rows,
-    lm_head rows) after each row's last token, tokens (rows, 1 + steps)): what the two
-    calls return with the top token taken in between."""
+                 window: Optional[int], steps: int, features: Optional[torch.Tensor] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A drafter's refill and its next greedy chain in one call: ``rows_forward`` over the
+    rows (``features`` as there), then per row the top token among the first ``vocab``
+    logits and ``steps`` ``chain`` rounds from it at the position after the row (an MTP
+    head from the row's output). Returns (logits (rows, lm_head rows) and outputs (rows,
+    hidden) after each row's last token, tokens (rows, 1 + steps)): what the two calls
+    return with the top token taken in between."""
     B, T = _rows(tokens, starts, lens)
     if not 0 < vocab <= lm_head.shape[0] or steps < 0:
         raise ValueError(f"vocab {vocab} must lie in 1..{lm_head.shape[0]} and steps be >= 0")
-    args, _ = _io(stack, embed, lm_head, block_table, page_size, window, B, None, T)
+    args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, T)
     logits = torch.empty(B, lm_head.shape[0], dtype=torch.float32)
+    outputs = torch.empty(B, stack.hidden, dtype=torch.float32)
     out = torch.empty(B, steps + 1, dtype=torch.int64)
     try:
-        stack._native.refill_chain(args, vocab, tokens.data_ptr(), starts.data_ptr(), lens.data_ptr(), B, steps,
-                                   logits.data_ptr(), out.data_ptr(), native_threads())
+        stack._native.refill_chain(args, vocab, tokens.data_ptr(), 0 if features is None else features.data_ptr(),
+                                   starts.data_ptr(), lens.data_ptr(), B, steps, logits.data_ptr(),
+                                   outputs.data_ptr(), out.data_ptr(), native_threads())
     except IndexError as e:
         raise ValueError(str(e)) from None
-    return logits, out
+    return logits, outputs, out

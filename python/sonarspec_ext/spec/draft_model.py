@@ -79,7 +79,7 @@ class DraftModelProposer(Proposer):
                                        self.model.config.sliding_window, self.vocab_size, k - 1)
         if out is None:
             return None
-        logits, tokens = out
+        logits, _, tokens = out
         logits = self._vocab_logits(logits)
         for r, (seq, start, toks) in enumerate(rows):
             del self.pending[seq.seq_id]

@@ -6,7 +6,10 @@ predicted feature of the head's last accurate position. A step draws draft 1 fro
 carried logits and runs the head k-1 more times on its own predicted features; after
 verification the head is re-run over the target's now-valid positions with the target's
 hidden states (accurate features), overwriting the chain's approximate KV entries and
-producing the carried logits and feature for the next step.
+producing the carried logits and feature for the next step. With top-token drafts on the
+CPU that re-run waits for the next step's drafting and runs with its chain as one native
+call (``ModelRunner.refill_chain``); a step that drafts otherwise, or not at all, runs the
+waiting re-runs first - the same computations either way.
 """
 from __future__ import annotations
 
@@ -44,13 +47,53 @@ class MTPProposer(Proposer):
         self.sample_drafts = sample_drafts
         self.device_chain = True   # greedy chains stay on the device where the native chain does not apply
         self.state: Dict[int, _HeadState] = {}
+        # seq_id -> (seq, start, tokens, target features, frontier): a head re-run waiting
+        self.waiting: Dict[int, Tuple[object, int, List[int], torch.Tensor, bool]] = {}
+        self.defer_refills = not sample_drafts and self.runner.device.type == "cpu"
 
     def ready(self, seq) -> bool:
+        w = self.waiting.get(seq.seq_id)
+        if w is not None:
+            return w[4] and w[1] + w[3].shape[0] == seq.num_tokens - 1
         st = self.state.get(seq.seq_id)
         return st is not None and st.logits is not None and st.valid == seq.num_tokens - 1
 
     def reset(self, seq) -> None:
         self.state.pop(seq.seq_id, None)
+        self.waiting.pop(seq.seq_id, None)
+
+    def _refill(self, rows: List[Tuple[object, int, List[int], torch.Tensor, bool]]) -> None:
+        """Re-runs the head over (seq, start, tokens, target features, frontier) rows; a
+        frontier row carries its logits and feature into the next step."""
+        logits, feats = self.run_head([row[:4] for row in rows])
+        for i, (seq, start, _, hidden, frontier) in enumerate(rows):
+            valid = start + hidden.shape[0]
+            self.state[seq.seq_id] = _HeadState(valid, logits[i], feats[i]) if frontier else _HeadState(valid)
+
+    def _flush(self) -> None:
+        """Runs the re-runs still waiting (no step drafted for them since)."""
+        if self.waiting:
+            rows = list(self.waiting.values())
+            self.waiting.clear()
+            self._refill(rows)
+
+    def _refill_chains(self, seqs: Sequence, ks: Sequence[int]) -> Optional[List[Draft]]:
+        """Drafts from one native call running every sequence's waiting re-run and then its
+        chain, when all of them have one and take the same k; else None."""
+        k = ks[0] if ks else 0
+        rows = [self.waiting.get(s.seq_id) for s in seqs]
+        if k < 1 or any(x != k for x in ks) or any(r is None for r in rows):
+            return None
+        out = self.runner.refill_chain([(start, toks, self.page_table(seq)) for seq, start, toks, _, _ in rows],
+                                       self.head.config.sliding_window, self.vocab_size, k - 1,
+                                       features=torch.cat([row[3] for row in rows]))
+        if out is None:
+            return None
+        logits, feats, tokens = out
+        for i, (seq, start, _, hidden, _) in enumerate(rows):
+            del self.waiting[seq.seq_id]
+            self.state[seq.seq_id] = _HeadState(start + hidden.shape[0], logits[i], feats[i])
+        return [Draft(t) for t in tokens.tolist()]
 
     def carry(self, seq, valid: int, logits: torch.Tensor, feature: torch.Tensor) -> None:
         """Head KV is accurate for positions < ``valid``; ``logits``/``feature`` come from the
@@ -65,6 +108,10 @@ class MTPProposer(Proposer):
                                         features=torch.cat([f for *_, f in rows]))
 
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
+        drafts = self._refill_chains(seqs, ks)
+        if drafts is not None:
+            return drafts
+        self._flush()
         states = [self.state[s.seq_id] for s in seqs]
         feats = [st.feature for st in states]
         drafts = whole_chains(self, seqs, ks, [st.logits for st in states], [s.num_tokens - 1 for s in seqs],
@@ -82,7 +129,8 @@ class MTPProposer(Proposer):
         return propose_chains(seqs, ks, [st.logits for st in states], self.sample_drafts, advance)
 
     def after_step(self, records: Sequence[StepRecord]) -> None:
-        rows, owners = [], []
+        self._flush()
+        rows = []
         for r in records:
             seq, st = r.seq, self.state.get(r.seq.seq_id)
             valid = 0 if st is None else st.valid
@@ -99,11 +147,8 @@ class MTPProposer(Proposer):
                 self.state[seq.seq_id] = _HeadState(valid, pending=hidden)   # run it once speculation resumes
                 continue
             m = hidden.shape[0]
-            rows.append((seq, start, seq.all_ids[start + 1:start + 1 + m], hidden))
-            owners.append((r, start + m))
-        if not rows:
-            return
-        logits, feats = self.run_head(rows)
-        for i, (r, valid) in enumerate(owners):
-            self.state[r.seq.seq_id] = (_HeadState(valid, logits[i], feats[i]) if r.frontier
-                                        else _HeadState(valid))
+            rows.append((seq, start, seq.all_ids[start + 1:start + 1 + m], hidden, r.frontier))
+        if self.defer_refills:
+            self.waiting.update((row[0].seq_id, row) for row in rows)
+        elif rows:
+            self._refill(rows)
