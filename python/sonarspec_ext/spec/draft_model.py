@@ -17,7 +17,7 @@ import torch
 from ..engine.kv_cache import KVCache
 from ..engine.runner import ModelRunner
 from ..models.loader import load_model
-from .proposer import Draft, Proposer, StepRecord, propose_chains, whole_chains
+from .proposer import Draft, Proposer, StepRecord, flush_waiting, propose_chains, waiting_rows, whole_chains
 
 
 class DraftModelProposer(Proposer):
@@ -33,11 +33,11 @@ class DraftModelProposer(Proposer):
         self.sample_drafts = sample_drafts       # False: take the top token (point-mass drafts)
         self.device_chain = True   # greedy chains stay on the device where the native chain does not apply
         self.state: Dict[int, Tuple[int, torch.Tensor]] = {}  # seq_id -> (num_computed, logits)
-        self.pending: Dict[int, Tuple[object, int, List[int]]] = {}  # seq_id -> (seq, start, tokens): a refill waiting
+        self.waiting: Dict[int, Tuple[object, int, List[int]]] = {}  # seq_id -> (seq, start, tokens): a refill waiting
         self.defer_refills = not sample_drafts and self.runner.device.type == "cpu"
 
     def ready(self, seq) -> bool:
-        p = self.pending.get(seq.seq_id)
+        p = self.waiting.get(seq.seq_id)
         if p is not None:
             return p[1] + len(p[2]) == seq.num_tokens
         st = self.state.get(seq.seq_id)
@@ -45,7 +45,7 @@ class DraftModelProposer(Proposer):
 
     def reset(self, seq) -> None:
         self.state.pop(seq.seq_id, None)
-        self.pending.pop(seq.seq_id, None)
+        self.waiting.pop(seq.seq_id, None)
 
     def _vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The draft's logits cut or padded (with -inf) to the target's vocabulary."""
@@ -61,20 +61,13 @@ class DraftModelProposer(Proposer):
         for r, (seq, start, toks) in enumerate(rows):
             self.state[seq.seq_id] = (start + len(toks), out[r])
 
-    def _flush(self) -> None:
-        """Runs the refills still waiting (no step drafted for them since)."""
-        if self.pending:
-            rows = list(self.pending.values())
-            self.pending.clear()
-            self._refill(rows)
-
     def _refill_chains(self, seqs: Sequence, ks: Sequence[int]):
         """Drafts from one native call running every sequence's waiting refill and then its
         chain, when all of them have one and take the same k; else None."""
-        k = ks[0] if ks else 0
-        rows = [self.pending.get(s.seq_id) for s in seqs]
-        if k < 1 or any(x != k for x in ks) or any(r is None for r in rows):
+        found = waiting_rows(self.waiting, seqs, ks)
+        if found is None:
             return None
+        k, rows = found
         out = self.runner.refill_chain([(start, toks, self.page_table(seq)) for seq, start, toks in rows],
                                        self.model.config.sliding_window, self.vocab_size, k - 1)
         if out is None:
@@ -82,7 +75,7 @@ class DraftModelProposer(Proposer):
         logits, _, tokens = out
         logits = self._vocab_logits(logits)
         for r, (seq, start, toks) in enumerate(rows):
-            del self.pending[seq.seq_id]
+            del self.waiting[seq.seq_id]
             self.state[seq.seq_id] = (start + len(toks), logits[r])
         return [Draft(t) for t in tokens.tolist()]
 
@@ -97,7 +90,7 @@ class DraftModelProposer(Proposer):
         drafts = self._refill_chains(seqs, ks)
         if drafts is not None:
             return drafts
-        self._flush()
+        flush_waiting(self.waiting, self._refill)
         logits = [self.state[s.seq_id][1] for s in seqs]
         drafts = whole_chains(self, seqs, ks, logits, [s.num_tokens for s in seqs], self.model.config.sliding_window)
         if drafts is not None:
@@ -108,7 +101,7 @@ class DraftModelProposer(Proposer):
         return propose_chains(seqs, ks, logits, self.sample_drafts, advance)
 
     def after_step(self, records: Sequence[StepRecord]) -> None:
-        self._flush()
+        flush_waiting(self.waiting, self._refill)
         rows = []
         for r in records:
             if not r.frontier or (self.paused and r.decoded):
@@ -121,6 +114,6 @@ class DraftModelProposer(Proposer):
                 valid += min(r.num_accepted, max(0, len(r.draft.token_ids) - 1))
             rows.append((seq, valid, seq.all_ids[valid:]))
         if self.defer_refills:
-            self.pending.update((row[0].seq_id, row) for row in rows)
+            self.waiting.update((row[0].seq_id, row) for row in rows)
         elif rows:
             self._refill(rows)

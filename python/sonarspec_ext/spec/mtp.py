@@ -21,7 +21,7 @@ import torch
 from ..engine.kv_cache import KVCache
 from ..engine.runner import ModelRunner
 from ..models.mtp import MTPHead
-from .proposer import Draft, Proposer, StepRecord, propose_chains, whole_chains
+from .proposer import Draft, Proposer, StepRecord, flush_waiting, propose_chains, waiting_rows, whole_chains
 
 
 @dataclass
@@ -70,20 +70,13 @@ class MTPProposer(Proposer):
             valid = start + hidden.shape[0]
             self.state[seq.seq_id] = _HeadState(valid, logits[i], feats[i]) if frontier else _HeadState(valid)
 
-    def _flush(self) -> None:
-        """Runs the re-runs still waiting (no step drafted for them since)."""
-        if self.waiting:
-            rows = list(self.waiting.values())
-            self.waiting.clear()
-            self._refill(rows)
-
     def _refill_chains(self, seqs: Sequence, ks: Sequence[int]) -> Optional[List[Draft]]:
         """Drafts from one native call running every sequence's waiting re-run and then its
         chain, when all of them have one and take the same k; else None."""
-        k = ks[0] if ks else 0
-        rows = [self.waiting.get(s.seq_id) for s in seqs]
-        if k < 1 or any(x != k for x in ks) or any(r is None for r in rows):
+        found = waiting_rows(self.waiting, seqs, ks)
+        if found is None:
             return None
+        k, rows = found
         out = self.runner.refill_chain([(start, toks, self.page_table(seq)) for seq, start, toks, _, _ in rows],
                                        self.head.config.sliding_window, self.vocab_size, k - 1,
                                        features=torch.cat([row[3] for row in rows]))
@@ -111,7 +104,7 @@ class MTPProposer(Proposer):
         drafts = self._refill_chains(seqs, ks)
         if drafts is not None:
             return drafts
-        self._flush()
+        flush_waiting(self.waiting, self._refill)
         states = [self.state[s.seq_id] for s in seqs]
         feats = [st.feature for st in states]
         drafts = whole_chains(self, seqs, ks, [st.logits for st in states], [s.num_tokens - 1 for s in seqs],
@@ -129,7 +122,7 @@ class MTPProposer(Proposer):
         return propose_chains(seqs, ks, [st.logits for st in states], self.sample_drafts, advance)
 
     def after_step(self, records: Sequence[StepRecord]) -> None:
-        self._flush()
+        flush_waiting(self.waiting, self._refill)
         rows = []
         for r in records:
             seq, st = r.seq, self.state.get(r.seq.seq_id)

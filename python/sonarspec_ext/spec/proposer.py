@@ -94,6 +94,24 @@ class NoProposer(Proposer):
     pass
 
 
+def waiting_rows(waiting: dict, seqs: Sequence, ks: Sequence[int]) -> Optional[Tuple[int, list]]:
+    """(k, each sequence's waiting refill row) when every sequence in ``seqs`` has a refill
+    waiting in ``waiting`` (seq_id -> row) and all take the same k >= 1; else None."""
+    k = ks[0] if ks else 0
+    rows = [waiting.get(s.seq_id) for s in seqs]
+    if k < 1 or any(x != k for x in ks) or any(r is None for r in rows):
+        return None
+    return k, rows
+
+
+def flush_waiting(waiting: dict, refill: Callable) -> None:
+    """Runs ``refill`` over the refills still waiting (no step drafted for them since)."""
+    if waiting:
+        rows = list(waiting.values())
+        waiting.clear()
+        refill(rows)
+
+
 def draw_draft(seq, logits: torch.Tensor, sample_drafts: bool) -> Tuple[int, Optional[torch.Tensor]]:
     """A draft token from (vocab_size,) logits: the top token, or with ``sample_drafts`` a
     draw from the request's processed distribution q (returned with it)."""
