@@ -51,10 +51,7 @@ class EngineConfig:
     # CUDA only: small steps whose sequences all have the same number of query tokens
     # (decoding, chain verification, draft rounds) run as CUDA graphs (engine/cuda_graphs.py)
     cuda_graphs: bool = False
-    # once built, move every object alive (modules, imported libraries) to the collector's
-    # permanent generation (gc.freeze): its full passes, which otherwise walk all of them
-    # every few hundred steps, then only see what requests allocate
-    freeze_gc: bool = True
+    freeze_gc: bool = True   # gc.freeze() once built: full collections skip the loaded libraries
 
     def __post_init__(self):
         for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):

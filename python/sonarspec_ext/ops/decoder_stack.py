@@ -106,6 +106,7 @@ class DecoderStack:
         self.compact = wdtype == torch.bfloat16
         # Rows up to which every op of the per-op path runs natively (and so this stack may).
         self.max_rows = min(COMPACT_MAX_ROWS if self.compact else SMALL_M_MAX_ROWS, NATIVE_MAX_ROWS)
+        self._checked_io = None   # (embed, lm_head) checked by ops.stack_drafting for drafting calls
         p = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
         self._native = _C.DecoderStack(
             hidden, num_heads, num_kv_heads, head_dim, inter, pool_shape[0], float(eps), float(head_dim ** -0.5),

@@ -43,7 +43,7 @@ def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window
         features: Optional[torch.Tensor], num_tokens: int):
     """Validated native arguments shared by both calls, plus contiguous features. The
     weights are checked at their first call with this stack (they are the drafter's)."""
-    checked = getattr(stack, "_checked_io", None)
+    checked = stack._checked_io
     if checked is None or checked[0] is not embed or checked[1] is not lm_head:
         _check_weights(stack, embed, lm_head)
         stack._checked_io = (embed, lm_head)
