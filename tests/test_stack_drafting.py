@@ -121,17 +121,22 @@ def test_packaged_models_batch_4(method, k, monkeypatch):
     assert a == b and out_a == out_b
 
 
+def _drafter_rows(method: str, seed: int):
+    """The packaged drafter's runner, three rows (start, tokens, page table) of 5, 1 and 3
+    tokens, and target features for an MTP head."""
+    runner = LLM("default", spec=SpecConfig(method=method, num_draft_tokens=4)).engine.proposer.runner
+    g = torch.Generator().manual_seed(seed)
+    rows = [(0, torch.randint(0, 8000, (5,), generator=g).tolist(), [3, 1]),
+            (7, torch.randint(0, 8000, (1,), generator=g).tolist(), [0]),
+            (12, torch.randint(0, 8000, (3,), generator=g).tolist(), [2, 4])]
+    return runner, rows, (torch.randn(9, 256, generator=g) if method == "mtp" else None)
+
+
 @pytest.mark.parametrize("method", ["mtp", "draft_target"])
 def test_row_forwards_equal_the_per_op_path(method):
     """A drafter's forward over rows of several tokens (refills), native and op by op on the
     same cache: the same logits and outputs, bit for bit."""
-    llm = LLM("default", spec=SpecConfig(method=method, num_draft_tokens=3))
-    runner = llm.engine.proposer.runner
-    g = torch.Generator().manual_seed(0)
-    rows = [(0, torch.randint(0, 8000, (5,), generator=g).tolist(), [3, 1]),
-            (7, torch.randint(0, 8000, (1,), generator=g).tolist(), [0]),
-            (12, torch.randint(0, 8000, (3,), generator=g).tolist(), [2, 4])]
-    feats = torch.randn(9, 256, generator=g) if method == "mtp" else None
+    runner, rows, feats = _drafter_rows(method, seed=0)
     native = runner._native_rows(rows, None, feats)
     assert native is not None
     runner._native_rows = lambda *a, **k: None
@@ -174,13 +179,7 @@ def test_refill_chain_equals_rows_forward_then_top_token_then_chain(method):
     torch's argmax of its logits, and the chain from there (an MTP head from the row
     forward's outputs)."""
     from sonarspec_ext.ops.stack_drafting import block_table
-    llm = LLM("default", spec=SpecConfig(method=method, num_draft_tokens=4))
-    runner = llm.engine.proposer.runner
-    g = torch.Generator().manual_seed(1)
-    rows = [(0, torch.randint(0, 8000, (5,), generator=g).tolist(), [3, 1]),
-            (7, torch.randint(0, 8000, (1,), generator=g).tolist(), [0]),
-            (12, torch.randint(0, 8000, (3,), generator=g).tolist(), [2, 4])]
-    feats = torch.randn(9, 256, generator=g) if method == "mtp" else None
+    runner, rows, feats = _drafter_rows(method, seed=1)
     logits, outputs, tokens = runner.refill_chain(rows, None, 8192, 3, features=feats)
     ref_logits, ref_outputs = runner._native_rows(rows, None, feats)
     first = ref_logits.argmax(-1)
