@@ -77,7 +77,7 @@ def test_pages_return_after_random_requests_aborts_and_preemption(llama_dir, dra
     llm = LLM(llama_dir, spec=SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=4),
               page_size=4, num_pages=60, max_num_seqs=8)
     eng = run_random_workload(llm, seed=3)
-    assert eng.planner.num_free_pages == 60 and not eng.proposer.state
+    assert eng.planner.num_free_pages == 60 and not eng.proposer.state and not eng.proposer.waiting
     assert sum(s["num_preemptions"] for s in eng.finished_stats) > 0
 
 
@@ -110,7 +110,7 @@ def test_speculation_pauses_under_load_and_resumes_losslessly(method, llama_dir,
     assert got == [plain_greedy([p], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))[0]
                    for p, n in zip(ps, lens)]
     eng = llm.engine
-    assert eng.planner.num_free_pages == eng.kv_cache.num_pages and not eng.proposer.state
+    assert eng.planner.num_free_pages == eng.kv_cache.num_pages and not eng.proposer.state and not eng.proposer.waiting
     last = {n: d for sid, n, d in log if sid == 5}   # the longest request, drafted only after resuming
     assert last and min(last) > len(ps[5]) + 14   # it decoded paused first
     alone = LLM(llama_dir, spec=spec)
