@@ -2,8 +2,8 @@
 """Where a step's time goes, on the packaged models (batch 1, greedy, one prompt at a
 time): per scheme, the engine's time split per step and the wall time per step inside
 the native calls - the target's decoder stack, the target's lm_head, the drafter's
-refills (``rows_forward``), chains (``chain``) and draft models' refills run with their
-next chain (``refill_chain``) - and outside them (Python: planning
+refills (``rows_forward``), chains (``chain``) and refills run with their next chain
+(``refill_chain``) - and outside them (Python: planning
 hand-off, metadata, packing, verification, bookkeeping). Schemes run in interleaved
 rounds; medians per step.
 
@@ -47,7 +47,7 @@ def _instrument() -> None:
     _timed(LlamaForCausalLM, "compute_logits", "target lm_head")   # drafters' lm_heads run inside their calls
     _timed(runner_mod, "rows_forward", "drafter refills")
     _timed(proposer_mod, "chain", "drafter chains")
-    _timed(runner_mod, "refill_chain", "drafter refill+chain")   # a draft model's refill with its next chain
+    _timed(runner_mod, "refill_chain", "drafter refill+chain")   # a refill with its next chain
 
 
 def main() -> None:
