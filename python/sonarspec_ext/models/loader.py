@@ -1,4 +1,5 @@
-"""Load and save Hugging Face model directories (config + safetensors, single or sharded)."""
+"""Load and save checkpoints: Hugging Face model directories (config + safetensors, single or
+sharded) and GGUF files (``models.gguf``), chosen by the path."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,9 @@ from safetensors.torch import save_file
 
 from ..layers.rotary import RotaryEmbedding
 from .config import CheckpointError, ModelConfig
+from .gguf import gguf_file, open_gguf
 from .llama import LlamaForCausalLM
+from .tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -79,24 +82,46 @@ def load_state(path: str, expected: Dict[str, torch.Size], dtype: torch.dtype,
     return state
 
 
-def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool = True) -> LlamaForCausalLM:
-    """Build a model from an HF-format directory; parameters land directly in ``dtype``.
+def load_config(path: str) -> ModelConfig:
+    """The configuration of a checkpoint: an HF directory or a GGUF file (or a directory holding one)."""
+    f = gguf_file(path)
+    return open_gguf(f).config() if f else ModelConfig.from_dir(path)
 
-    ``compact_weights`` (float32 on the CPU): weight matrices stored in bfloat16 stay
-    bfloat16 and their matrix products take bfloat16-rounded activations with float32
-    sums (the native GEMM's bfloat16 dot products): half the memory and memory traffic of
-    float32 copies and about twice their multiply-add rate. The residual stream, norms,
-    attention and logits stay float32. ``compact_weights=False`` keeps float32 copies and
-    float32 activations throughout."""
-    if not os.path.isdir(path):
-        raise CheckpointError(f"{path}: model directory not found")
-    cfg = ModelConfig.from_dir(path)
+
+def load_tokenizer(path: str) -> Tokenizer:
+    """The tokenizer of a checkpoint: ``tokenizer.json`` of an HF directory, or a GGUF file's metadata."""
+    f = gguf_file(path)
+    if f:
+        from .gguf_tokenizer import tokenizer_from_gguf
+        return tokenizer_from_gguf(open_gguf(f))
+    return Tokenizer.from_dir(path)
+
+
+def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool = True) -> LlamaForCausalLM:
+    """Build a model from an HF-format directory or a GGUF file (quantized tensors are
+    dequantized at load); parameters land directly in ``dtype``.
+
+    ``compact_weights`` (float32 on the CPU): weight matrices stored in bfloat16 - and a
+    GGUF file's matrices, whatever their type - are kept in bfloat16 and their matrix
+    products take bfloat16-rounded activations with float32 sums (the native GEMM's
+    bfloat16 dot products): half the memory and memory traffic of float32 copies and about
+    twice their multiply-add rate. The residual stream, norms, attention and logits stay
+    float32. ``compact_weights=False`` keeps float32 copies and float32 activations
+    throughout."""
     torch_dtype = parse_dtype(dtype)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
-    expected = {n: p.shape for n, p in model.named_parameters()}
     compact = compact_weights and torch_dtype == torch.float32 and torch.device(device).type == "cpu"
-    state = load_state(path, expected, torch_dtype, keep_bf16_matrices=compact)
+    f = gguf_file(path)
+    if f:
+        ckpt = open_gguf(f)
+        cfg = ckpt.config()
+        model, expected = _empty_model(cfg)
+        state = ckpt.state_dict(cfg, expected, torch_dtype, compact=compact)
+    else:
+        if not os.path.isdir(path):
+            raise CheckpointError(f"{path}: model directory or GGUF file not found")
+        cfg = ModelConfig.from_dir(path)
+        model, expected = _empty_model(cfg)
+        state = load_state(path, expected, torch_dtype, keep_bf16_matrices=compact)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     model.load_state_dict(state, strict=False, assign=True)
@@ -107,6 +132,13 @@ def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool =
     model = model.to(device).eval().requires_grad_(False)
     model.fuse_projections()
     return model
+
+
+def _empty_model(cfg: ModelConfig):
+    """The model on the meta device and the shapes of its parameters."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    return model, {n: p.shape for n, p in model.named_parameters()}
 
 
 def save_model(model: LlamaForCausalLM, path: str, dtype="float32") -> None:
@@ -133,10 +165,14 @@ def save_model(model: LlamaForCausalLM, path: str, dtype="float32") -> None:
 
 
 def checkpoint_fingerprint(path: str) -> str:
-    """A hash of a model directory's config and tensor layout plus a sample of its weights:
+    """A hash of a checkpoint's config and tensor layout plus a sample of its weights:
     cheap to compute, and it changes when the checkpoint does."""
     import hashlib
     h = hashlib.sha256()
+    f = gguf_file(path)
+    if f:
+        h.update(open_gguf(f).fingerprint_bytes())
+        return h.hexdigest()[:16]
     with open(os.path.join(path, "config.json"), "rb") as fh:
         h.update(fh.read())
     for fname in sorted(set(weight_files(path).values())):

@@ -1,50 +1,94 @@
-"""Tokenizer loaded from ``tokenizer.json`` through the ``tokenizers`` library."""
+"""Tokenizer: a ``tokenizers`` tokenizer plus the model's special tokens and chat template.
+
+Built from a model directory's ``tokenizer.json`` (``Tokenizer.from_dir``) or from a GGUF
+file's ``tokenizer.ggml.*`` metadata (``models.gguf_tokenizer``); ``load_tokenizer``
+picks by the path.
+"""
 from __future__ import annotations
 
 import json
 import os
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from tokenizers import Tokenizer as _HFTokenizer
 
 from .config import CheckpointError
 
+# end-of-turn markers of common chat templates: a chat stops at whichever the template uses
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+
 
 class Tokenizer:
-    def __init__(self, path: str):
+    def __init__(self, tok: _HFTokenizer, eos_token_id: Optional[int] = None,
+                 bos_token_id: Optional[int] = None, add_bos: bool = False,
+                 chat_template: Optional[str] = None, source: str = "tokenizer"):
+        self._tok = tok
+        self.eos_token_id = eos_token_id
+        self.bos_token_id = bos_token_id
+        self.add_bos = bool(add_bos) and bos_token_id is not None
+        self.chat_template = chat_template
+        self.source = source
+
+    @classmethod
+    def from_dir(cls, path: str) -> "Tokenizer":
         f = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(f):
             raise CheckpointError(f"{f}: file not found (the model directory needs a tokenizer.json)")
         try:
-            self._tok = _HFTokenizer.from_file(f)
+            tok = _HFTokenizer.from_file(f)
         except Exception as e:  # the tokenizers library raises a bare Exception
             raise CheckpointError(f"{f}: cannot be parsed as a tokenizer ({e})") from None
-        self.eos_token_id: Optional[int] = None
-        self.bos_token_id: Optional[int] = None
-        self.add_bos = False
+        cfg = {}
         cfg_file = os.path.join(path, "tokenizer_config.json")
         if os.path.isfile(cfg_file):
-            with open(cfg_file) as fh:
-                cfg = json.load(fh)
-            self.eos_token_id = self._special_id(cfg.get("eos_token"))
-            self.bos_token_id = self._special_id(cfg.get("bos_token"))
-            self.add_bos = bool(cfg.get("add_bos_token", False)) and self.bos_token_id is not None
+            try:
+                with open(cfg_file) as fh:
+                    cfg = json.load(fh)
+            except json.JSONDecodeError as e:
+                raise CheckpointError(f"{cfg_file}: not valid JSON ({e})") from None
+        template = cfg.get("chat_template")
+        jinja = os.path.join(path, "chat_template.jinja")
+        if template is None and os.path.isfile(jinja):
+            with open(jinja) as fh:
+                template = fh.read()
+        if isinstance(template, list):   # named templates: take the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
 
-    def _special_id(self, tok) -> Optional[int]:
-        if isinstance(tok, dict):
-            tok = tok.get("content")
-        return self._tok.token_to_id(tok) if isinstance(tok, str) else None
+        def special(t):
+            t = t.get("content") if isinstance(t, dict) else t
+            return tok.token_to_id(t) if isinstance(t, str) else None
+        return cls(tok, special(cfg.get("eos_token")), special(cfg.get("bos_token")),
+                   bool(cfg.get("add_bos_token", False)), template, source=f)
 
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> List[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
-        return [self.bos_token_id] + ids if self.add_bos else ids
+    def token_to_id(self, token: str) -> Optional[int]:
+        return self._tok.token_to_id(token)
 
-    def decode(self, ids: List[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+    def id_to_token(self, token_id: int) -> Optional[str]:
+        return self._tok.id_to_token(token_id)
+
+    def encode(self, text: str) -> List[int]:
+        """Token ids of ``text``; special tokens written in the text (``<|im_start|>``) are
+        matched whole. Prepends BOS where the model adds one, unless the text starts with it."""
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if self.add_bos and not (ids and ids[0] == self.bos_token_id):
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def end_of_turn_ids(self) -> List[int]:
+        """Ids that end an assistant turn: EOS plus the template's end-of-turn markers."""
+        ids = [] if self.eos_token_id is None else [self.eos_token_id]
+        for marker in END_OF_TURN_TOKENS:
+            i = self._tok.token_to_id(marker)
+            if i is not None and i not in ids and (self.chat_template or "").find(marker) >= 0:
+                ids.append(i)
+        return ids
 
     def fingerprint(self) -> str:
         """A hash of the vocabulary, to check that two models share one tokenizer."""

@@ -6,7 +6,7 @@ from typing import Optional, Tuple
 
 from ..assets import path as asset_path, resolve
 from ..models.config import ModelConfig
-from ..models.loader import weight_files
+from ..models.loader import load_config, load_tokenizer, weight_files
 from ..models.mtp_loader import detect_format, head_config, load_mtp_head
 from ..models.tokenizer import Tokenizer
 from ..params import SpecConfig
@@ -29,8 +29,8 @@ def resolve_draft(spec: SpecConfig, target_dir: str, target_tokenizer: Tokenizer
         head_dir = _mtp_dir(spec, target_dir)
         return head_dir, head_config(head_dir, target_cfg)[0]
     draft_dir = resolve(spec.draft or "default", "draft")
-    draft_cfg = ModelConfig.from_dir(draft_dir)
-    draft_tok = Tokenizer(draft_dir)
+    draft_cfg = load_config(draft_dir)
+    draft_tok = load_tokenizer(draft_dir)
     if draft_tok.fingerprint() != target_tokenizer.fingerprint():
         raise ValueError(f"draft tokenizer ({draft_dir}) differs from the target's: draft and target must "
                          f"share one vocabulary")

@@ -12,10 +12,9 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..models.loader import checkpoint_fingerprint, load_model
+from ..models.loader import checkpoint_fingerprint, load_model, load_tokenizer
 from ..models.mtp import MTPHead
 from ..models.mtp_loader import save_mtp_head
-from ..models.tokenizer import Tokenizer
 from .data import read_corpus, tokenize, windows
 from .features import FeatureSet, compute_features
 from .mtp_train import TrainConfig, train_head
@@ -88,7 +87,7 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     work = work or out.rstrip("/") + ".work"
     torch.manual_seed(cfg.seed)
     target = load_model(target_dir)
-    tokenizer = Tokenizer(target_dir)
+    tokenizer = load_tokenizer(target_dir)
     train_txt, val_txt = read_corpus(data, exclude)
     eot = tokenizer.eos_token_id
     train_win = windows(tokenize(tokenizer, train_txt, eot), seq_len, max_windows)
