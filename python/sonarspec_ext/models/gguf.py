@@ -84,8 +84,10 @@ class GGUFCheckpoint:
                 raise CheckpointError(f"{path}: tensor {t.name!r} needs {int(t.n_bytes)} bytes but the file "
                                       f"holds {t.data.nbytes}: the file is truncated")
         self.arch = self.field("general.architecture")
+
+    def _check_architecture(self) -> None:
         if self.arch not in ARCHITECTURES:
-            raise CheckpointError(f"{path}: architecture {self.arch!r} is not supported; "
+            raise CheckpointError(f"{self.path}: architecture {self.arch!r} is not supported; "
                                   f"supported: {', '.join(ARCHITECTURES)}")
 
     def field(self, key: str, default=None):
@@ -101,6 +103,7 @@ class GGUFCheckpoint:
         return value
 
     def config(self) -> ModelConfig:
+        self._check_architecture()
         hf_arch, _ = ARCHITECTURES[self.arch]
         hidden = int(self._arch_field("embedding_length", required=True))
         heads = int(self._arch_field("attention.head_count", required=True))
@@ -148,13 +151,14 @@ class GGUFCheckpoint:
                    compact: bool = False) -> Dict[str, torch.Tensor]:
         """The tensors named in ``expected`` (HF names), dequantized to ``dtype`` - or, with
         ``compact``, 2-D matrices in bfloat16 (rounded from the dequantized values)."""
+        self._check_architecture()
         _, permuted = ARCHITECTURES[self.arch]
         state = {}
         for gguf_name, t in self.tensors.items():
             name = self._hf_name(gguf_name)
             if name is None or name not in expected:
                 continue
-            w = torch.from_numpy(self._dequantize(t))
+            w = torch.from_numpy(self.tensor(gguf_name))
             if tuple(w.shape) != tuple(expected[name]):
                 raise CheckpointError(f"{self.path}: tensor {gguf_name!r} has shape {list(w.shape)}, "
                                       f"expected {list(expected[name])} for {name}")
@@ -178,8 +182,10 @@ class GGUFCheckpoint:
             return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}"
         return None
 
-    def _dequantize(self, t) -> np.ndarray:
+    def tensor(self, name: str) -> np.ndarray:
+        """One tensor (GGUF name) dequantized to float32, in the HF (rows, cols) shape."""
         import gguf
+        t = self.tensors[name]
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))   # GGUF lists dimensions fastest first
         try:
             values = gguf.dequantize(t.data, t.tensor_type)
