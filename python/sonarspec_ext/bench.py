@@ -1,7 +1,10 @@
-"""Decode-speed benchmark: sonarspec vs ``transformers`` generate on the same weights.
+"""Decode-speed benchmark: sonarspec vs ``transformers`` generate on the same weights,
+beside the memory-bandwidth floor (weight bytes read per token / read bandwidth measured
+in the same run).
 
-Agreement (identical greedy tokens) is asserted before anything is timed; every figure
-is the median of several runs measured side by side in one process.
+Agreement (identical greedy tokens, float32 weights on both sides) is asserted before
+anything is timed; every figure is the median of several runs measured side by side in
+one process.
 """
 from __future__ import annotations
 
@@ -13,8 +16,10 @@ from typing import List, Optional
 
 import torch
 
+from .assets import resolve
 from .llm import LLM
 from .models.config import ModelConfig
+from .models.gguf import gguf_file
 from .models.llama import LlamaForCausalLM
 from .models.loader import save_model
 from .models.tokenizer import write_byte_tokenizer
@@ -68,6 +73,36 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def read_bandwidth_gbs(mib: int = 1024, repeats: int = 5) -> float:
+    """Memory read bandwidth (GB/s) of torch's threads: the median time of summing a
+    buffer far larger than the caches (float32 sums are memory-bound)."""
+    buf = torch.ones(mib << 18, dtype=torch.float32)
+    buf.sum()
+    t = median_time(buf.sum, repeats)
+    return buf.numel() * 4 / t / 1e9
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's weight storages, each counted once (fused and tied weights
+    share storage): what one decode step streams from memory."""
+    storages = {}
+    for p in model.parameters():
+        s = p.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+    return sum(storages.values())
+
+
+def load_transformers(path: str):
+    """The transformers model of an HF directory or a GGUF file, in float32."""
+    import os
+    import transformers
+    f = gguf_file(path)
+    if f:
+        d, name = os.path.split(f)
+        return transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
 def bench_decode(model_dir: Optional[str] = None, batch_sizes: List[int] = (1, 8), prompt_len: int = 32,
                  max_tokens: int = 128, repeats: int = 5, threads: Optional[int] = None,
                  with_transformers: bool = True) -> dict:
@@ -77,20 +112,23 @@ def bench_decode(model_dir: Optional[str] = None, batch_sizes: List[int] = (1, 8
     if model_dir is None:
         tmp = tempfile.TemporaryDirectory()
         model_dir = make_synthetic_model(tmp.name)
+    model_dir = resolve(model_dir, "target")
     llm = LLM(model_dir)
-    hf = None
-    if with_transformers:
-        import transformers
-        hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    # greedy agreement is checked with float32 weights, as transformers holds them
+    exact = LLM(model_dir, compact_weights=False) if with_transformers else None
+    hf = load_transformers(model_dir) if with_transformers else None
+    gbs = read_bandwidth_gbs()
+    wbytes = weight_bytes(llm.engine.model)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     g = torch.Generator().manual_seed(0)
     rows = []
     for bs in batch_sizes:
         prompts = torch.randint(0, 256, (bs, prompt_len), generator=g)
         ours = lambda: llm.generate(prompts.tolist(), params)  # noqa: E731
-        out = ours()
+        ours()
         row = {"batch_size": bs, "prompt_len": prompt_len, "max_tokens": max_tokens}
         if hf is not None:
+            out = exact.generate(prompts.tolist(), params)
             def theirs():
                 with torch.no_grad():
                     return hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=max_tokens,
@@ -107,8 +145,12 @@ def bench_decode(model_dir: Optional[str] = None, batch_sizes: List[int] = (1, 8
             row["transformers_tok_s"] = round(bs * max_tokens / t_hf, 1)
             row["speedup"] = round(t_hf / t_ours, 3)
         rows.append(row)
+    floor = gbs * 1e9 / wbytes
+    for row in rows:
+        row["floor_fraction"] = round(row["sonarspec_tok_s"] / row["batch_size"] / floor, 3)
     info = {"model": "synthetic-30m" if tmp else model_dir, "num_params": llm.engine.model_config.num_params,
             "dtype": "float32", "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "weight_dtype": str(llm.engine.model.lm_head.weight.dtype).replace("torch.", ""), "weight_bytes": wbytes, "read_bandwidth_gbs": round(gbs, 2), "floor_tok_s": round(floor, 1),
             "repeats": repeats, "results": rows}
     if tmp:
         tmp.cleanup()
@@ -118,8 +160,11 @@ def bench_decode(model_dir: Optional[str] = None, batch_sizes: List[int] = (1, 8
 def print_table(info: dict) -> None:
     print(f"model {info['model']} ({info['num_params'] / 1e6:.1f}M params, {info['dtype']}, "
           f"{info['threads']} threads, median of {info['repeats']})")
+    print(f"  weights {info['weight_bytes'] / 1e6:.1f} MB per token, read bandwidth {info['read_bandwidth_gbs']:.1f} "
+          f"GB/s -> floor {info['floor_tok_s']:.1f} tok/s per sequence")
     for r in info["results"]:
-        line = f"  batch {r['batch_size']:3d}: sonarspec {r['sonarspec_tok_s']:8.1f} tok/s"
+        line = (f"  batch {r['batch_size']:3d}: sonarspec {r['sonarspec_tok_s']:8.1f} tok/s "
+                f"({r['floor_fraction']:.0%} of the floor per sequence)")
         if "transformers_tok_s" in r:
             line += (f" | transformers {r['transformers_tok_s']:8.1f} tok/s | speedup {r['speedup']:.2f}x"
                      f" | greedy agreement {r['greedy_agreement']}")

