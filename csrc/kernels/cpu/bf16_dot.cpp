@@ -1,4 +1,4 @@
-// VDPBF16PS rows: each 32-bit lane multiplies a pair of bfloat16 activations by a pair
+// VDPBF16PS rows (512-bit vectors): each 32-bit lane multiplies a pair of bfloat16 activations by a pair
 // of bfloat16 weights (exact products) and adds both to a float32 accumulator - twice the
 // multiply-adds per instruction of float32 FMA, and the weights need no widening. Up to
 // six rows share each pass over four weight rows (24 accumulators of the 32 registers).
@@ -41,7 +41,12 @@ void round_rows_scalar(const float* x, uint16_t* xb, int64_t m, int64_t k, int64
 
 namespace {
 
-BF16_ATTR inline float hsum(__m256 v) {
+BF16_ATTR inline __m256 fold(__m512 v) {
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+BF16_ATTR inline float hsum(__m512 v512) {
+  const __m256 v = fold(v512);
   __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
   lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
@@ -54,12 +59,13 @@ BF16_ATTR inline float hsum(__m256 v) {
 // 20 us two blocks ahead; one block ahead 21 us, four 21 us).
 constexpr int kPrefetchBlocks = 2;
 
-// 16 columns of k: MR rows of activations (row stride ldx) against NR rows of weights.
+// 32 columns of k (one cache line of each weight row): MR rows of activations (row stride
+// ldx) against NR rows of weights.
 template <int MR, int NR>
-BF16_ATTR inline void step(__m256 (&acc)[MR][NR], const uint16_t* xb, int64_t ldx, const __m256bh* wv) {
+BF16_ATTR inline void step(__m512 (&acc)[MR][NR], const uint16_t* xb, int64_t ldx, const __m512bh* wv) {
   for (int i = 0; i < MR; ++i) {
-    const __m256bh xv = (__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + i * ldx));
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_dpbf16_ps(acc[i][j], xv, wv[j]);
+    const __m512bh xv = (__m512bh)_mm512_loadu_si512(xb + i * ldx);
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
   }
 }
 
@@ -67,27 +73,28 @@ BF16_ATTR inline void step(__m256 (&acc)[MR][NR], const uint16_t* xb, int64_t ld
 template <int MR, int NR>
 BF16_ATTR void block(const uint16_t* xb, int64_t ldx, const uint16_t* w, float* y, int64_t m0, int64_t n0,
                      int64_t n, int64_t k) {
-  __m256 acc[MR][NR];
+  __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-  __m256bh wv[NR];
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  __m512bh wv[NR];
   int64_t kk = 0;
-  for (; kk + 16 <= k; kk += 16) {
+  for (; kk + 32 <= k; kk += 32) {
     for (int j = 0; j < NR; ++j) {
-      wv[j] = (__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (n0 + j) * k + kk));
+      wv[j] = (__m512bh)_mm512_loadu_si512(w + (n0 + j) * k + kk);
       _mm_prefetch(reinterpret_cast<const char*>(w + (n0 + kPrefetchBlocks * NR + j) * k + kk), _MM_HINT_T0);
     }
     step<MR, NR>(acc, xb + m0 * ldx + kk, ldx, wv);
   }
-  if (kk < k) {   // the last k % 16 weights; xb is zero there
-    const __mmask16 mask = static_cast<__mmask16>((1u << (k - kk)) - 1u);
-    for (int j = 0; j < NR; ++j) wv[j] = (__m256bh)_mm256_maskz_loadu_epi16(mask, w + (n0 + j) * k + kk);
+  if (kk < k) {   // the last k % 32 weights; xb is zero there
+    const __mmask32 mask = static_cast<__mmask32>((1ull << (k - kk)) - 1u);
+    for (int j = 0; j < NR; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + (n0 + j) * k + kk);
     step<MR, NR>(acc, xb + m0 * ldx + kk, ldx, wv);
   }
   for (int i = 0; i < MR; ++i) {
     float* out = y + (m0 + i) * n + n0;
     if constexpr (NR == 4) {
-      __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(acc[i][0], acc[i][1]), _mm256_hadd_ps(acc[i][2], acc[i][3]));
+      __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(fold(acc[i][0]), fold(acc[i][1])),
+                                _mm256_hadd_ps(fold(acc[i][2]), fold(acc[i][3])));
       _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
     } else {
       out[0] = hsum(acc[i][0]);

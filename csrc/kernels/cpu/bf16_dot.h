@@ -9,7 +9,7 @@
 namespace sonarspec {
 
 // y[i, j] = sum_t xb[i, t] * w[j, t] for rows i in [0, m), columns j in [n_begin, n_end).
-// xb: (m, ldx) bfloat16 bits, zero-padded from k to ldx (a multiple of 16);
+// xb: (m, ldx) bfloat16 bits, zero-padded from k to ldx (a multiple of 32);
 // w: (n, k) bfloat16 bits; y: (m, n) float32. Column j's result depends only on row i of
 // xb, column j of w and j's place in the 4-aligned column blocks, never on m or on which
 // rows share a pass - so one row decoded alone equals the same row verified among others.

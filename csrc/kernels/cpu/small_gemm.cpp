@@ -132,7 +132,7 @@ void small_gemm_f32(const float* x, const float* w, const float* bias, float* y,
 void small_gemm_bf16w(const float* x, const uint16_t* w, const float* bias, float* y, int64_t m, int64_t n,
                       int64_t k, int num_threads) {
   thread_local std::vector<uint16_t> xb;
-  const int64_t ldx = (k + 15) / 16 * 16;
+  const int64_t ldx = (k + 31) / 32 * 32;
   xb.resize(static_cast<size_t>(m * ldx));
   round_rows_to_bf16(x, xb.data(), m, k, ldx);
   if (bf16_dot_available()) {
