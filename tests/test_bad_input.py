@@ -65,7 +65,7 @@ def test_sharded_checkpoint_loads_and_names_missing_shard(model_copy):
 
 
 def test_missing_files_and_bad_config(model_copy, tmp_path):
-    with pytest.raises(CheckpointError, match="model directory not found"):
+    with pytest.raises(CheckpointError, match="model directory or GGUF file not found"):
         LLM(str(tmp_path / "nope"))
     cfg_file = os.path.join(model_copy, "config.json")
     cfg = json.load(open(cfg_file))

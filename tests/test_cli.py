@@ -21,7 +21,7 @@ def test_generate_prints_the_greedy_continuation_and_speed(llama_dir):
 
 def test_generate_reports_bad_input_cleanly(llama_dir, tmp_path):
     r = run_cli("generate", "hello", "--model", str(tmp_path / "missing"))
-    assert r.returncode == 2 and "model directory not found" in r.stderr
+    assert r.returncode == 2 and "model directory or GGUF file not found" in r.stderr
     r = run_cli("generate", "hello", "--model", llama_dir, "--top-p", "0")
     assert r.returncode == 2 and "top_p" in r.stderr
 
@@ -103,3 +103,26 @@ def test_bench_spec_records_a_failing_scheme_and_measures_the_rest(llama_dir, dr
     assert rows["plain"]["tok_s"] > 0 and rows["draft_target K=2"]["greedy_agreement"] == "8/8"
     bs.print_spec_table(info)
     assert "draft_target K=3           failed: RuntimeError: kernel launch failed" in capsys.readouterr().out
+
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def test_chat_and_generate_chat_on_a_gguf_file(tmp_path):
+    """`sonarspec chat` streams each reply (the same text LLM.chat gives) and reports speed per
+    turn; /reset starts over; `generate --chat` answers one message."""
+    from conftest import make_hf_model
+    from gguf_fixtures import write_gguf
+    hf = str(tmp_path / "hf")
+    make_hf_model(hf, "llama", seed=5)
+    path = write_gguf(hf, str(tmp_path / "chat.gguf"), chat_template=CHATML)
+    ref = LLM(path).chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=6, temperature=0))[0]
+    r = subprocess.run([sys.executable, "-m", "sonarspec_ext.cli", "chat", "--model", path, "--max-tokens", "6"],
+                       input="hi\n/reset\nhi\n/exit\n", capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count(ref.text) >= 2 and "(new conversation)" in r.stderr
+    assert r.stderr.count(f"[{len(ref.token_ids)} tokens in") == 2 and "tok/s" in r.stderr
+    r = run_cli("generate", "hi", "--chat", "--model", path, "--max-tokens", "6", "--spec", "none")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n") == ref.text

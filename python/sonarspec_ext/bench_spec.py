@@ -1,5 +1,9 @@
 """Speculative decoding benchmark on the packaged models (or any target/draft pair).
 
+Code prompts for base models; for a model with a chat template (SmolLM2), chat
+questions rendered with it. Replies run to ``max_tokens`` (``ignore_eos``: past the
+end of the turn the model writes the next turn) so every scheme decodes the same tokens.
+
 One process, one run, same prompts: plain decoding, draft_target at several K, ngram,
 MTP chains at several K, EAGLE trees drafted by the same head, and transformers generate /
 assisted generation (``assistant_model`` = the same draft).
@@ -28,6 +32,27 @@ PROMPTS = [
     "def _check_arg(name, value):\n    if not isinstance(value, int):\n",
     "    for key, value in sorted(self.items()):\n",
 ]
+
+
+CHAT_QUESTIONS = [
+    "Explain how a hash map handles collisions.",
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "What are three tips for writing a good cover letter?",
+    "Describe the water cycle in simple terms.",
+    "Write a short poem about autumn leaves.",
+    "How do I read a CSV file with pandas and print its first rows?",
+    "What is the difference between a process and a thread?",
+    "Give me a recipe for a simple tomato pasta sauce.",
+]
+
+
+def bench_prompts(llm: LLM) -> list:
+    """The code prompts, or - for a model with a chat template - the chat questions as
+    rendered prompts (token ids)."""
+    if not llm.tokenizer.chat_template:
+        return PROMPTS
+    params = SamplingParams()
+    return [llm.chat_request([{"role": "user", "content": q}], params)[0] for q in CHAT_QUESTIONS]
 
 
 def _run_llm(llm: LLM, prompts: List[str], params: List[SamplingParams], batch_size: int):
@@ -78,19 +103,20 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     target_dir = resolve(target, "target")
     draft_dir = resolve(draft, "draft") if draft else None
     mtp_dir = resolve(mtp, "mtp") if mtp else None
-    params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=i, ignore_eos=True)
-              for i in range(len(PROMPTS))]
     sampled = temperature > 0
     schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram, trees)
     llms = {name: LLM(target_dir, spec=spec, spec_max_batch=spec_max_batch, device=device, dtype=dtype,
                       draft_sampling=draft_sampling, cuda_graphs=cuda_graphs) for name, spec in schemes}
+    prompts = bench_prompts(llms["plain"])
+    params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=i, ignore_eos=True)
+              for i in range(len(prompts))]
     rows = []
     for bs in batch_sizes:
-        ref = [o.token_ids for o in _run_llm(llms["plain"], PROMPTS, params, bs)]
+        ref = [o.token_ids for o in _run_llm(llms["plain"], prompts, params, bs)]
         agree = {}
         for name, _ in list(schemes):
             try:
-                got = [o.token_ids for o in _run_llm(llms[name], PROMPTS, params, bs)]
+                got = [o.token_ids for o in _run_llm(llms[name], prompts, params, bs)]
             except Exception as e:   # one scheme failing (say, on a new device) leaves the others measured
                 if name == "plain":
                     raise
@@ -105,23 +131,24 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
         for _ in range(repeats):
             for name, _ in schemes:
                 t0 = time.perf_counter()
-                _run_llm(llms[name], PROMPTS, params, bs)
+                _run_llm(llms[name], prompts, params, bs)
                 times[name].append(time.perf_counter() - t0)
-        base = len(PROMPTS) * max_tokens / statistics.median(times["plain"])
+        base = len(prompts) * max_tokens / statistics.median(times["plain"])
         for name, _ in schemes:
             s = llms[name].stats()
-            tok_s = len(PROMPTS) * max_tokens / statistics.median(times[name])
+            tok_s = len(prompts) * max_tokens / statistics.median(times[name])
             rows.append({"batch_size": bs, "scheme": name, "tok_s": round(tok_s, 1),
                          "speedup": round(tok_s / base, 3), "tau": round(s["acceptance_length"], 3),
                          "accepted_per_position": [round(a, 3) for a in s["accepted_per_position"]],
                          **({} if sampled else {"greedy_agreement": f"{agree[name]}/{len(ref)}"}),
                          **({"cuda_graphs": s["cuda_graphs"]} if "cuda_graphs" in s else {})})
-        if with_transformers and bs == 1 and draft_dir and not sampled:
+        if with_transformers and bs == 1 and draft_dir and not sampled and prompts is PROMPTS:
             rows += _bench_transformers(target_dir, draft_dir, ref, max_tokens, repeats, base, device, dtype)
     return {"target": target_dir, "draft": draft_dir, "mtp": mtp_dir, "spec_max_batch": spec_max_batch,
             "max_tokens": max_tokens, "device": str(device), "dtype": dtype, "temperature": temperature, "top_p": top_p,
             "draft_sampling": draft_sampling, "cuda_graphs": cuda_graphs,
-            "num_prompts": len(PROMPTS), "repeats": repeats, "threads": torch.get_num_threads(),
+            "num_prompts": len(prompts), "chat": prompts is not PROMPTS, "repeats": repeats,
+            "threads": torch.get_num_threads(),
             "torch": torch.__version__, "results": rows}
 
 

@@ -88,13 +88,15 @@ def _bench(args) -> int:
         from .bench_spec import bench_spec, plot_spec, print_spec_table
         target = "default" if args.model == "synthetic-30m" else args.model
         mtp = args.mtp if args.mtp != "default" or _packaged("mtp") else None
+        mtp = None if mtp == "none" else mtp
+        draft = None if args.draft == "none" else args.draft
         if args.spec != "all" and mtp is None:
             raise ValueError(f"--spec {args.spec} needs an MTP head: pass --mtp DIR (no packaged head is installed)")
         full, tree = args.spec == "all", args.spec == "eagle_tree"
         from .spec.factory import TREE_NUM_NODES, TREE_TOP_K
         trees = [(d, args.tree_top_k or TREE_TOP_K, args.tree_nodes or TREE_NUM_NODES)
                  for d in (args.mtp_ks if tree else [3] if full else [])]
-        info = bench_spec(target, None if tree else args.draft, args.ks, args.batch_sizes, args.max_tokens,
+        info = bench_spec(target, None if tree else draft, args.ks, args.batch_sizes, args.max_tokens,
                           args.repeats, full and not args.no_transformers, args.threads, mtp, args.mtp_ks,
                           with_ngram=full, spec_max_batch=args.spec_max_batch, trees=trees if mtp else (),
                           device=args.device, dtype=args.dtype, temperature=args.temperature, top_p=args.top_p,
@@ -187,9 +189,10 @@ def main(argv=None) -> int:
     b.add_argument("--model", default="synthetic-30m",
                    help="HF model dir, .gguf file, smollm2, or synthetic-30m (random 30M Llama; with --spec all: the "
                         "packaged target)")
-    b.add_argument("--draft", default="default", help="draft model for --spec all")
+    b.add_argument("--draft", default="default", help="draft model for --spec all ('none': no draft_target rows)")
     b.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6], help="draft_target draft lengths")
-    b.add_argument("--mtp", default="default", help="MTP head dir for --spec all/mtp ('default': packaged head)")
+    b.add_argument("--mtp", default="default",
+                   help="MTP head dir for --spec all/mtp ('default': packaged head; 'none': no MTP rows)")
     b.add_argument("--mtp-ks", type=int, nargs="+", default=[1, 2, 3, 4], help="MTP draft lengths (tree depths)")
     b.add_argument("--tree-top-k", type=int, default=None, help="eagle_tree: children per expanded node (4)")
     b.add_argument("--tree-nodes", type=int, default=None, help="eagle_tree: draft nodes per tree (16)")
