@@ -150,3 +150,14 @@ def test_train_mtp_bad_input(llama_dir, tmp_path, capsys):
                  "--layout", "eagle1", "--formats", "deepseek"]) == 2
     assert "can be exported as sonarspec or eagle1" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_jsonl_split_field_decides_the_held_out_documents(tmp_path):
+    f = tmp_path / "c.jsonl"
+    recs = [{"text": f"doc {i}", "split": "val" if i % 3 == 0 else "train"} for i in range(12)]
+    f.write_text("\n".join(json.dumps(r) for r in recs))
+    train, val = read_corpus([str(f)])
+    assert val == [f"doc {i}" for i in range(0, 12, 3)] and len(train) == 8
+    f.write_text(json.dumps({"text": "x", "split": "test"}))
+    with pytest.raises(ValueError, match="'split' must be 'train' or 'val'"):
+        read_corpus([str(f)])

@@ -108,14 +108,18 @@ class LLM:
         """``stream`` for one conversation: the assistant's reply as text deltas."""
         return self.stream(*self.chat_request(messages, params or SamplingParams()))
 
+    def chat_prompt(self, messages: Conversation, add_generation_prompt: bool = True) -> str:
+        """A conversation rendered with the model's chat template."""
+        tok = self.tokenizer
+        name = lambda i: (tok.id_to_token(i) or "") if i is not None else ""   # noqa: E731
+        return render_chat(tok.chat_template, check_messages(messages), add_generation_prompt=add_generation_prompt,
+                           bos_token=name(tok.bos_token_id), eos_token=name(tok.eos_token_id))
+
     def chat_request(self, messages: Conversation, params: SamplingParams):
         """(prompt token ids, params stopping at the end of the turn) for a conversation."""
         tok = self.tokenizer
-        name = lambda i: (tok.id_to_token(i) or "") if i is not None else ""   # noqa: E731
-        text = render_chat(tok.chat_template, check_messages(messages), add_generation_prompt=True,
-                           bos_token=name(tok.bos_token_id), eos_token=name(tok.eos_token_id))
         stops = list(params.stop_token_ids) + [i for i in tok.end_of_turn_ids() if i not in params.stop_token_ids]
-        return tok.encode(text), replace(params, stop_token_ids=stops)
+        return tok.encode(self.chat_prompt(messages)), replace(params, stop_token_ids=stops)
 
     def stats(self) -> dict:
         """Aggregated statistics over finished requests plus the engine's timing split (s)."""

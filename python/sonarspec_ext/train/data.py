@@ -2,7 +2,8 @@
 
 Documents are split train / validation by a hash of their name (file path relative to
 the given root, or ``path:line`` for JSONL records), so a document never straddles the
-split and the split does not depend on the machine.
+split and the split does not depend on the machine; a JSONL record's ``split`` field
+("train" / "val"), where present, decides instead (corpora split by prompt).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import fnmatch
 import hashlib
 import json
 import os
-from typing import Iterable, List, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -33,8 +34,8 @@ def _walk(root: str, exclude: Sequence[str]) -> Iterable[Tuple[str, str]]:
                 yield rel, full
 
 
-def _documents(path: str, exclude: Sequence[str]) -> Iterable[Tuple[str, str]]:
-    """(key, text) for every document under ``path``."""
+def _documents(path: str, exclude: Sequence[str]) -> Iterable[Tuple[str, str, Optional[str]]]:
+    """(key, text, split or None) for every document under ``path``."""
     if os.path.isdir(path):
         files = list(_walk(path, exclude))
     elif os.path.isfile(path):
@@ -48,26 +49,31 @@ def _documents(path: str, exclude: Sequence[str]) -> Iterable[Tuple[str, str]]:
                     if not line.strip():
                         continue
                     try:
-                        text = json.loads(line)["text"]
+                        rec = json.loads(line)
+                        text = rec["text"]
                     except (json.JSONDecodeError, KeyError, TypeError):
                         raise ValueError(f"{full}:{i + 1}: expected a JSON object with a 'text' field") from None
                     if not isinstance(text, str):
                         raise ValueError(f"{full}:{i + 1}: 'text' must be a string")
-                    yield f"{rel}:{i}", text
+                    split = rec.get("split")
+                    if split not in (None, "train", "val"):
+                        raise ValueError(f"{full}:{i + 1}: 'split' must be 'train' or 'val', got {split!r}")
+                    yield f"{rel}:{i}", text, split
         else:
             with open(full, encoding="utf-8", errors="replace") as fh:
                 text = fh.read()
             if "\0" not in text:
-                yield rel, text
+                yield rel, text, None
 
 
 def read_corpus(paths: Sequence[str], exclude: Sequence[str] = ()) -> Tuple[List[str], List[str]]:
     """(train texts, validation texts); a clear error when there is nothing to train on."""
     train, val = [], []
     for path in paths:
-        for key, text in _documents(path, exclude):
+        for key, text, split in _documents(path, exclude):
             if text.strip():
-                (val if is_validation(key) else train).append(text)
+                held_out = is_validation(key) if split is None else split == "val"
+                (val if held_out else train).append(text)
     if not train:
         raise ValueError(f"training data {list(paths)} holds no non-empty text documents")
     if not val:  # tiny corpora: hold out the last document
