@@ -40,11 +40,12 @@ def test_matches_reference(T, H, Hkv, D, B, max_kv, page_size):
                                                          scale), rtol=2e-5, atol=2e-5)
 
 
-def test_empty_key_range_gives_zeros_and_bad_tensors_are_refused():
+def test_queries_without_keys_and_bad_tensors_are_refused():
     (q, k_pool, v_pool, table, ps, token_seq, key_begin, key_end), _ = _case(3, 2, 1, 8, 1, 10, 0)
-    key_end[1] = key_begin[1]
-    out = ops.paged_attention(q, k_pool, v_pool, table, ps, token_seq, key_begin, key_end, 0.3)
-    assert torch.equal(out[1], torch.zeros(16))
+    empty = key_end.clone()
+    empty[1] = key_begin[1]
+    with pytest.raises(ValueError, match="1 query token"):
+        ops.paged_attention(q, k_pool, v_pool, table, ps, token_seq, key_begin, empty, 0.3)
     with pytest.raises(ValueError, match="q has dtype"):
         ops.paged_attention(q.double(), k_pool, v_pool, table, ps, token_seq, key_begin, key_end, 0.3)
     with pytest.raises(ValueError, match="key_end has 2 entries"):

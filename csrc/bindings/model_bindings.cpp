@@ -64,13 +64,15 @@ class DecoderStack {
   }
 
   int64_t forward(uintptr_t x, uintptr_t features, int64_t m, uintptr_t positions, uintptr_t slot_mapping,
-                  uintptr_t block_table, int64_t max_pages, int64_t page_size, uintptr_t token_seq, uintptr_t key_begin,
+                  uintptr_t block_table, int64_t batch, int64_t max_pages, int64_t page_size, uintptr_t token_seq,
+                  uintptr_t key_begin,
                   uintptr_t key_end, uintptr_t tree_begin, uintptr_t tree_mask, uintptr_t out, int num_threads) {
     if (weights_.fc != nullptr && features == 0) throw std::invalid_argument("DecoderStack: an MTP head needs features");
     auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
     StepAttention a;
     a.slot_mapping = i(slot_mapping);
     a.block_table = i(block_table);
+    a.batch = batch;
     a.max_pages = max_pages;
     a.page_size = page_size;
     a.token_seq = i(token_seq);
@@ -139,6 +141,7 @@ class DecoderStack {
     io.lm_head_bf16 = std::get<3>(a);
     io.lm_rows = std::get<4>(a);
     io.block_table = reinterpret_cast<const int64_t*>(std::get<5>(a));
+    io.batch = batch;
     io.max_pages = std::get<6>(a);
     io.page_size = std::get<7>(a);
     io.window = std::get<8>(a);

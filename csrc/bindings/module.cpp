@@ -90,14 +90,14 @@ int64_t kv_store(uintptr_t k_src, uintptr_t v_src, uintptr_t k_pool, uintptr_t v
 }
 
 int64_t shifted_scatter(uintptr_t in, uintptr_t out, uintptr_t starts, uintptr_t lens, uintptr_t next,
-                        uintptr_t accepted, int64_t num_blocks, bool on_cuda, uintptr_t stream) {
+                        uintptr_t accepted, int64_t num_blocks, int64_t num_tokens, bool on_cuda, uintptr_t stream) {
   auto p = [](uintptr_t x) { return reinterpret_cast<const int64_t*>(x); };
   auto o = reinterpret_cast<int64_t*>(out);
   return dispatch(
       "shifted_scatter", on_cuda,
-      [&] { return shifted_scatter_cpu(p(in), o, p(starts), p(lens), p(next), p(accepted), num_blocks); },
+      [&] { return shifted_scatter_cpu(p(in), o, p(starts), p(lens), p(next), p(accepted), num_blocks, num_tokens); },
       [&] {
-        return shifted_scatter_cuda(p(in), o, p(starts), p(lens), p(next), p(accepted), num_blocks,
+        return shifted_scatter_cuda(p(in), o, p(starts), p(lens), p(next), p(accepted), num_blocks, num_tokens,
                                     reinterpret_cast<void*>(stream));
       });
 }
@@ -147,8 +147,8 @@ int64_t tree_speculative_sampling(uintptr_t candidates, uintptr_t first_child, u
       });
 }
 
-int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr_t block_table, int64_t max_pages,
-                        int64_t page_size,
+int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr_t block_table,
+                        int64_t batch_size, int64_t max_pages, int64_t page_size,
                         uintptr_t token_seq, uintptr_t key_begin, uintptr_t key_end, uintptr_t tree_begin,
                         uintptr_t tree_mask, uintptr_t out,
                         int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -156,7 +156,8 @@ int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr
   py::gil_scoped_release release;
   auto f = [](uintptr_t x) { return reinterpret_cast<const float*>(x); };
   auto i = [](uintptr_t x) { return reinterpret_cast<const int64_t*>(x); };
-  return paged_attention_cpu(f(q), f(k_pool), f(v_pool), i(block_table), max_pages, page_size, i(token_seq),
+  return paged_attention_cpu(f(q), f(k_pool), f(v_pool), i(block_table), batch_size, max_pages, page_size,
+                             i(token_seq),
                              i(key_begin), i(key_end), i(tree_begin), i(tree_mask), reinterpret_cast<float*>(out),
                              num_tokens, num_heads, num_kv_heads, head_dim, num_slots, scale, num_threads);
 }

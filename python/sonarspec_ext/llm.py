@@ -1,6 +1,7 @@
 """The user-facing facade: ``LLM.generate``, ``LLM.stream``, ``LLM.stats``."""
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from typing import Iterator, List, Mapping, Optional, Sequence, Union
 
@@ -29,61 +30,82 @@ class LLM:
         self.engine = Engine(resolve(model, "target"), device=device, dtype=dtype,
                              config=EngineConfig(**engine_kwargs), spec=self.spec)
         self.tokenizer = self.engine.tokenizer
+        self._lock = threading.RLock()   # one thread in the engine at a time
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
                  use_tqdm: bool = False) -> List[RequestOutput]:
         """Generates for every prompt (strings or token-id lists); outputs keep prompt order.
-        Invalid requests raise ``ValueError`` before anything is queued."""
+        Invalid requests raise ``ValueError`` before anything is queued. Safe to call from
+        several threads: their requests share the engine's batches. An exception raised
+        while waiting (``KeyboardInterrupt``) aborts this call's requests."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
-        if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
-        params = list(params)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        params = _params_list(params, len(prompts), "prompts")
         ids = []
         try:
-            for p, sp in zip(prompts, params):
-                ids.append(self.engine.add_request(p, sp))
-        except ValueError as e:
+            with self._lock:
+                for p, sp in zip(prompts, params):
+                    try:
+                        ids.append(self.engine.add_request(p, sp))
+                    except ValueError as e:
+                        raise ValueError(f"prompt {len(ids)}: {e}") from None
+            bar = None
+            if use_tqdm:
+                from tqdm import tqdm
+                bar = tqdm(total=len(ids), desc="generate", unit="req")
+            pending = set(ids)
+            while pending:
+                with self._lock:
+                    done = {sid for sid in pending if self.engine.seqs[sid].finished}
+                    if len(done) < len(pending):
+                        self.engine.step()
+                pending -= done
+                if bar is not None and done:
+                    bar.update(len(done))
+            if bar is not None:
+                bar.close()
+            with self._lock:
+                outs = [self.engine.pop_finished(sid).to_output() for sid in ids]
+            ids = []
+            return outs
+        finally:
+            self._drop(ids)
+
+    def _drop(self, ids) -> None:
+        """Aborts and forgets requests of a call that did not return them."""
+        with self._lock:
             for sid in ids:
-                self.engine.abort(sid)
-                self.engine.pop_finished(sid)
-            raise ValueError(f"prompt {len(ids)}: {e}") from None
-        bar = None
-        if use_tqdm:
-            from tqdm import tqdm
-            bar = tqdm(total=len(ids), desc="generate", unit="req")
-        pending = set(ids)
-        while pending:
-            self.engine.step()
-            done = {sid for sid in pending if self.engine.seqs[sid].finished}
-            pending -= done
-            if bar is not None and done:
-                bar.update(len(done))
-        if bar is not None:
-            bar.close()
-        return [self.engine.pop_finished(sid).to_output() for sid in ids]
+                if sid in self.engine.seqs:
+                    self.engine.abort(sid)
+                    self.engine.pop_finished(sid)
 
     def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None) -> Iterator[str]:
-        """Yields the continuation of one prompt as text deltas while it is generated.
-        Closing the generator early aborts the request."""
-        sid = self.engine.add_request(prompt, params or SamplingParams())
-        seq = self.engine.seqs[sid]
+        """Yields the continuation of one prompt as text deltas while it is generated: all
+        of the final text, never text a stop string later removes (a tail that could still
+        begin one is held back) and never half of a UTF-8 character. Closing the generator
+        early aborts the request."""
+        with self._lock:
+            sid = self.engine.add_request(prompt, params or SamplingParams())
+            seq = self.engine.seqs[sid]
         try:
-            while not seq.finished:
-                self.engine.step()
-                text = self.engine.text_so_far(seq)
-                if not seq.finished:
+            while True:
+                with self._lock:
+                    if not seq.finished:
+                        self.engine.step()
+                    finished = seq.finished
+                    text = self.engine.text_so_far(seq)
+                if not finished:
+                    text = text[:len(text) - stop_prefix_len(text.rstrip("\ufffd"), seq.params.stop)]
                     text = text.rstrip("\ufffd")  # hold back an incomplete UTF-8 character
                 if len(text) > seq.num_emitted_chars:
                     yield text[seq.num_emitted_chars:]
                     seq.num_emitted_chars = len(text)
+                if finished:
+                    return
         finally:
-            self.engine.abort(sid)
-            self.engine.pop_finished(sid)
+            self._drop([sid])
 
     def chat(self, conversations: Union[Conversation, Sequence[Conversation]],
              params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
@@ -96,11 +118,7 @@ class LLM:
         convs = list(conversations or [])
         if not convs:
             raise ValueError("chat needs at least one conversation")
-        if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(convs)
-        params = list(params)
-        if len(params) != len(convs):
-            raise ValueError(f"got {len(convs)} conversations but {len(params)} SamplingParams")
+        params = _params_list(params, len(convs), "conversations")
         prompts, chat_params = zip(*(self.chat_request(c, p) for c, p in zip(convs, params)))
         return self.generate(list(prompts), list(chat_params), use_tqdm=use_tqdm)
 
@@ -123,6 +141,10 @@ class LLM:
 
     def stats(self) -> dict:
         """Aggregated statistics over finished requests plus the engine's timing split (s)."""
+        with self._lock:
+            return self._stats()
+
+    def _stats(self) -> dict:
         fs = self.engine.finished_stats
         steps = sum(s["num_steps"] for s in fs)
         accepted = sum(s["num_accepted_tokens"] for s in fs)
@@ -145,3 +167,29 @@ class LLM:
                                 for r in self.engine.runners() if r.graphs is not None]}
                if self.engine.config.cuda_graphs else {}),
         }
+
+
+def _params_list(params, n: int, what: str) -> List[SamplingParams]:
+    """One SamplingParams per prompt: ``params`` itself n times, or its n entries."""
+    if params is None or isinstance(params, SamplingParams):
+        return [params or SamplingParams()] * n
+    if not isinstance(params, (list, tuple)):
+        raise ValueError(f"params must be a SamplingParams or a list of them, got {type(params).__name__}")
+    bad = [p for p in params if not isinstance(p, SamplingParams)]
+    if bad:
+        raise ValueError(f"params must be SamplingParams, got a {type(bad[0]).__name__} in the list")
+    if len(params) != n:
+        raise ValueError(f"got {n} {what} but {len(params)} SamplingParams")
+    return list(params)
+
+
+def stop_prefix_len(text: str, stops) -> int:
+    """Length of the longest tail of ``text`` that begins one of the stop strings (text a
+    stream must hold back: the next tokens may complete the stop string and cut it)."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

@@ -7,14 +7,20 @@ from typing import List, Optional, Sequence, Union
 SPEC_METHODS = ("none", "draft_target", "mtp", "eagle_tree", "ngram")
 
 
-@dataclass
-class SamplingParams:
-    """How one request is decoded.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_TOP_K = (1 << 31) - 1
+GREEDY_BELOW = 1e-5   # temperatures under this are greedy (dividing logits by them overflows)
 
-    temperature 0 means greedy; top_k 0 means no top-k cut; top_p 1.0 means no
-    nucleus cut. ``seed`` makes sampling reproducible regardless of batch
-    composition. ``stop`` strings end the output before the match; ``stop_token_ids``
-    end it after the token (eos ids are added unless ``ignore_eos``).
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded (immutable: a request keeps the parameters it was
+    validated with; ``dataclasses.replace`` makes a changed copy).
+
+    temperature 0 (or below 1e-5) means greedy; top_k 0 means no top-k cut; top_p 1.0
+    means no nucleus cut. ``seed`` (a 64-bit signed integer) makes sampling reproducible
+    regardless of batch composition. ``stop`` strings end the output before the match;
+    ``stop_token_ids`` end it after the token (eos ids are added unless ``ignore_eos``).
     """
     max_tokens: int = 16
     temperature: float = 1.0
@@ -30,19 +36,26 @@ class SamplingParams:
                and self.max_tokens >= 1, f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         _check(_is_number(self.temperature) and self.temperature >= 0,
                f"temperature must be a number >= 0, got {self.temperature!r}")
-        _check(isinstance(self.top_k, int) and self.top_k >= 0,
-               f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        _check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and 0 <= self.top_k <= MAX_TOP_K,
+               f"top_k must be an integer in [0, {MAX_TOP_K}] (0 disables it), got {self.top_k!r}")
         _check(_is_number(self.top_p) and 0 < self.top_p <= 1,
                f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
-               f"seed must be an integer or None, got {self.seed!r}")
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
+        _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                                     and INT64_MIN <= self.seed <= INT64_MAX),
+               f"seed must be None or an integer in [-2**63, 2**63), got {self.seed!r}")
+        if self.temperature < GREEDY_BELOW:
+            object.__setattr__(self, "temperature", 0.0)
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        _check(stop is None or isinstance(stop, (list, tuple)), f"stop must be a string or a list of strings, "
+                                                                f"got {type(stop).__name__}")
+        object.__setattr__(self, "stop", tuple(stop or ()))
         _check(all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings")
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-               "stop_token_ids must be non-negative integers")
+        ids = self.stop_token_ids
+        _check(ids is None or isinstance(ids, (list, tuple)), "stop_token_ids must be a list of integers")
+        object.__setattr__(self, "stop_token_ids", tuple(ids or ()))
+        _check(all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX
+                   for t in self.stop_token_ids), "stop_token_ids must be non-negative integers")
+        _check(isinstance(self.ignore_eos, bool), f"ignore_eos must be a bool, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:

@@ -35,7 +35,7 @@ struct DecoderShape {
 struct StepAttention {
   const int64_t* slot_mapping = nullptr;  // (m,) KV slot of each new token
   const int64_t* block_table = nullptr;   // (batch, max_pages)
-  int64_t max_pages = 0, page_size = 0;
+  int64_t batch = 0, max_pages = 0, page_size = 0;
   const int64_t* token_seq = nullptr;
   const int64_t* key_begin = nullptr;
   const int64_t* key_end = nullptr;
@@ -64,8 +64,9 @@ struct DecoderStackWeights {
 // overwritten; features: (m, hidden) for an MTP head's input projection, else null;
 // positions: (m,) RoPE positions. out: (m, hidden) = final_norm(x) (x itself when there is
 // no final norm; out may be x). Throws std::out_of_range for a position outside the RoPE
-// tables. Returns the number of tokens whose KV slot was out of range (skipped, as
-// kv_store_cpu does: negative slots mark padding), summed over layers.
+// tables. Returns, summed over layers, the tokens whose KV slot was past the pools (skipped
+// as kv_store_cpu does; negative slots mark padding and are not counted) plus the query
+// tokens that read no key (a row or page outside the tables, an empty key range).
 int64_t decoder_stack_forward(const DecoderStackWeights& weights, const DecoderShape& shape, float* x,
                               const float* features, int64_t m, const int64_t* positions,
                               const StepAttention& attn, float* out, int num_threads);

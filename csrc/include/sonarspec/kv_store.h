@@ -11,8 +11,9 @@ enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 inline int64_t dtype_size(DType d) { return d == DType::kFloat32 ? 4 : 2; }
 
-// src: (num_tokens, row_bytes) rows; pool: (num_slots, row_bytes). Slots out of
-// range are skipped and counted in the return value (CPU).
+// src: (num_tokens, row_bytes) rows; pool: (num_slots, row_bytes). Negative slots
+// (padding) are skipped; slots past the pool are skipped and counted in the return
+// value (CPU).
 int64_t kv_store_cpu(const void* k_src, const void* v_src, void* k_pool, void* v_pool,
                      const int64_t* slot_mapping, int64_t num_tokens, int64_t row_bytes,
                      int64_t num_slots);

@@ -10,17 +10,19 @@ namespace sonarspec {
 
 // q, out: (num_tokens, num_heads, head_dim); k_pool, v_pool: (num_slots, num_kv_heads,
 // head_dim) with slot = page * page_size + offset; block_table: (batch_size, max_pages)
-// page ids of each sequence; token_seq: (num_tokens,) row of block_table for each query;
+// page ids of each sequence; token_seq: (num_tokens,) row of block_table for each query
+// (every index is checked: a row outside the table, a page id outside the pool or a
+// position past the table reads no keys);
 // query token t attends to
 // positions [key_begin[t], key_end[t]) of its sequence (causal limit and sliding window)
 // and, when tree_mask is not null, also to positions tree_begin[t] + j for every bit j set
 // in tree_mask[t] (a draft tree block: the query's ancestors, itself included; up to 64
 // nodes). tree_begin may be null when tree_mask is.
-// Query heads map to KV heads in groups (GQA). Returns the number of tokens with an
-// empty or out-of-range key range (their output is zero).
+// Query heads map to KV heads in groups of any size (GQA). Returns the number of tokens
+// that read no key at all (their output is zero), or -1 for inconsistent sizes.
 int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_pool,
-                            const int64_t* block_table, int64_t max_pages, int64_t page_size,
-                            const int64_t* token_seq,
+                            const int64_t* block_table, int64_t batch_size, int64_t max_pages,
+                            int64_t page_size, const int64_t* token_seq,
                             const int64_t* key_begin, const int64_t* key_end, const int64_t* tree_begin,
                             const int64_t* tree_mask, float* out,
                             int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,

@@ -12,15 +12,17 @@
 
 namespace sonarspec {
 
-// Returns the number of blocks with an out-of-range accepted count (left unshifted).
+// in, out: (num_tokens,). Blocks with an out-of-range accepted count are left unshifted;
+// returns the number of blocks whose range [start, start + len) is not inside
+// [0, num_tokens) (also left untouched).
 int64_t shifted_scatter_cpu(const int64_t* in, int64_t* out, const int64_t* block_starts,
                             const int64_t* block_lens, const int64_t* next_tokens,
-                            const int64_t* accepted, int64_t num_blocks);
+                            const int64_t* accepted, int64_t num_blocks, int64_t num_tokens);
 
 // Returns 0 on success, else the cudaError_t of the launch. Blocks with an out-of-range
-// accepted count are left untouched.
+// accepted count or range are left untouched.
 int shifted_scatter_cuda(const int64_t* in, int64_t* out, const int64_t* block_starts,
                          const int64_t* block_lens, const int64_t* next_tokens, const int64_t* accepted,
-                         int64_t num_blocks, void* stream);
+                         int64_t num_blocks, int64_t num_tokens, void* stream);
 
 }  // namespace sonarspec

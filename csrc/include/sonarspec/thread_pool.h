@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -16,7 +17,9 @@ class ThreadPool {
  public:
   // Runs fn(task) for every task in [0, num_tasks) on the calling thread and up to
   // num_threads - 1 workers, which claim tasks one by one; returns when all are done.
-  // Not reentrant.
+  // Calls from several threads run one after another; a call made from inside a task
+  // runs its tasks on that thread. An exception thrown by a task is rethrown here once
+  // every task has finished (the first one, if several threw).
   void run(int num_tasks, int num_threads, const std::function<void(int)>& fn);
   ~ThreadPool();
   static ThreadPool& global();
@@ -30,7 +33,10 @@ class ThreadPool {
   void drain();
 
   std::vector<std::thread> workers_;
+  std::mutex call_mu_;   // held for a whole run(): one call at a time
   std::mutex mu_;
+  std::mutex error_mu_;
+  std::exception_ptr error_;
   std::condition_variable cv_;
   const std::function<void(int)>* fn_ = nullptr;
   std::atomic<uint64_t> generation_{0};

@@ -67,7 +67,7 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
   k.resize(static_cast<size_t>(m * kv_dim));
   v.resize(static_cast<size_t>(m * kv_dim));
   att.resize(static_cast<size_t>(m * q_dim));
-  int64_t bad_slots = 0;
+  int64_t bad = 0;   // slots past the pools, and query tokens that read no key
   for (int64_t l = 0; l < w.num_layers; ++l) {
     const DecoderLayerWeights& L = w.layers[l];
     const float* in = x;
@@ -81,11 +81,13 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
     gather_rows(qk_rot.data(), qk_dim, q.data(), m, q_dim);
     gather_rows(qk_rot.data() + q_dim, qk_dim, k.data(), m, kv_dim);
     gather_rows(qkv.data() + qk_dim, qkv_dim, v.data(), m, kv_dim);
-    bad_slots += kv_store_cpu(k.data(), v.data(), L.k_pool, L.v_pool, a.slot_mapping, m,
+    bad += kv_store_cpu(k.data(), v.data(), L.k_pool, L.v_pool, a.slot_mapping, m,
                               static_cast<int64_t>(sizeof(float)) * kv_dim, s.num_slots);
-    paged_attention_cpu(q.data(), L.k_pool, L.v_pool, a.block_table, a.max_pages, a.page_size, a.token_seq,
-                        a.key_begin, a.key_end, a.tree_begin, a.tree_mask, att.data(), m, s.num_heads,
-                        s.num_kv_heads, s.head_dim, s.num_slots, s.scale, num_threads);
+    const int64_t no_keys = paged_attention_cpu(q.data(), L.k_pool, L.v_pool, a.block_table, a.batch, a.max_pages,
+                                                a.page_size, a.token_seq, a.key_begin, a.key_end, a.tree_begin,
+                                                a.tree_mask, att.data(), m, s.num_heads, s.num_kv_heads, s.head_dim,
+                                                s.num_slots, s.scale, num_threads);
+    bad += no_keys < 0 ? m : no_keys;
     small_gemm_any(att.data(), L.o, s.bf16_weights, nullptr, tmp.data(), m, s.hidden, q_dim, num_threads);
     add_inplace(x, tmp.data(), m * s.hidden);
     rms_norm_cpu(x, L.post_norm, h.data(), m, s.hidden, s.eps);
@@ -97,7 +99,7 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
   } else if (out != x) {
     std::memcpy(out, x, sizeof(float) * m * s.hidden);
   }
-  return bad_slots;
+  return bad;
 }
 
 }  // namespace sonarspec

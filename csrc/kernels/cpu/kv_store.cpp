@@ -14,7 +14,8 @@ int64_t kv_store_cpu(const void* k_src, const void* v_src, void* k_pool, void* v
   char* vp = static_cast<char*>(v_pool);
   for (int64_t i = 0; i < num_tokens; ++i) {
     int64_t slot = slot_mapping[i];
-    if (slot < 0 || slot >= num_slots) { ++skipped; continue; }
+    if (slot < 0) continue;
+    if (slot >= num_slots) { ++skipped; continue; }
     std::memcpy(kp + slot * row_bytes, ks + i * row_bytes, row_bytes);
     std::memcpy(vp + slot * row_bytes, vs + i * row_bytes, row_bytes);
   }

@@ -1,5 +1,6 @@
-// One task per (query token, KV head): the query heads that share the KV head (GQA) are
-// processed together, so each key and value row is read once per group. Keys go in
+// One task per (query token, KV head, group of up to 16 query heads): the query heads that
+// share the KV head (GQA) are processed together, so each key and value row is read once
+// per group (larger groups split into several tasks). Keys go in
 // chunks of up to 16: scores for the chunk, one online-softmax update (running max,
 // rescaled sums) with a vectorised exp, then the value rows. With a tree mask the pass is
 // a two-level cascade: the committed prefix [key_begin, key_end) first, then the query's
@@ -18,7 +19,7 @@ namespace sonarspec {
 namespace {
 
 constexpr int kChunk = 16;
-constexpr int kMaxGroup = 16;  // query heads per KV head handled in one task
+constexpr int kMaxGroup = 16;  // query heads of one KV head handled in one task
 
 // The value pass of a chunk: o[g] += s[g][c] * v[c] for c in order, one axpy at a time.
 void values_axpy(float* const* o, const float (*s)[kChunk], const float* const* v, int n, int group,
@@ -95,30 +96,37 @@ ChunkUpdate chunk_update_for_cpu() {
 }  // namespace
 
 int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_pool,
-                            const int64_t* block_table, int64_t max_pages, int64_t page_size,
-                            const int64_t* token_seq,
+                            const int64_t* block_table, int64_t batch_size, int64_t max_pages,
+                            int64_t page_size, const int64_t* token_seq,
                             const int64_t* key_begin, const int64_t* key_end, const int64_t* tree_begin,
                             const int64_t* tree_mask, float* out,
                             int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
                             int64_t head_dim, int64_t num_slots, float scale, int num_threads) {
+  if (num_kv_heads < 1 || num_heads % num_kv_heads != 0 || page_size < 1 || max_pages < 0) return -1;
   const int64_t group = num_heads / num_kv_heads;
-  if (group > kMaxGroup) return -1;
+  const int64_t subgroups = (group + kMaxGroup - 1) / kMaxGroup;
   const int64_t row = num_kv_heads * head_dim;
-  const int64_t max_kv_len = max_pages * page_size;
+  const int64_t max_kv_len = max_pages * page_size, num_pages = num_slots / page_size;
   std::atomic<int64_t> bad{0};
   static const ChunkUpdate chunk_update = chunk_update_for_cpu();
   auto task = [&](int64_t item) {
-    const int64_t t = item / num_kv_heads, kvh = item % num_kv_heads;
+    const int64_t t = item / (num_kv_heads * subgroups), rest_item = item % (num_kv_heads * subgroups);
+    const int64_t kvh = rest_item / subgroups, g0 = rest_item % subgroups * kMaxGroup;
+    const int gn = static_cast<int>(std::min<int64_t>(kMaxGroup, group - g0));
     const float* qs[kMaxGroup];
     float* o[kMaxGroup];
     float m[kMaxGroup], l[kMaxGroup];
-    for (int g = 0; g < group; ++g) {
-      const int64_t h = kvh * group + g;
+    for (int g = 0; g < gn; ++g) {
+      const int64_t h = kvh * group + g0 + g;
       qs[g] = q + (t * num_heads + h) * head_dim;
       o[g] = out + (t * num_heads + h) * head_dim;
       std::fill(o[g], o[g] + head_dim, 0.f);
       m[g] = -INFINITY;
       l[g] = 0.f;
+    }
+    if (token_seq[t] < 0 || token_seq[t] >= batch_size) {   // no block table row: no keys
+      bad.fetch_add(gn);
+      return;
     }
     const int64_t* pages = block_table + token_seq[t] * max_pages;
     int64_t slots[kChunk];
@@ -127,23 +135,29 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
       if (s < 0 || s >= num_slots) return;
       slots[n++] = s;
       if (n == kChunk) {
-        chunk_update(qs, k_pool, v_pool, slots, n, row, kvh * head_dim, head_dim, group, scale, m, l, o);
+        chunk_update(qs, k_pool, v_pool, slots, n, row, kvh * head_dim, head_dim, gn, scale, m, l, o);
         n = 0;
       }
     };
     const int64_t lo = std::max<int64_t>(0, key_begin[t]), hi = std::min(key_end[t], max_kv_len);
     for (int64_t j = lo; j < hi;) {  // level 1: the committed prefix, a page at a time
       const int64_t page = j / page_size, end = std::min(hi, (page + 1) * page_size);
+      if (pages[page] < 0 || pages[page] >= num_pages) {   // a page id outside the pool: skip its keys
+        j = end;
+        continue;
+      }
       const int64_t base = pages[page] * page_size - page * page_size;
       for (; j < end; ++j) push(base + j);
     }
     const uint64_t bits = tree_mask ? static_cast<uint64_t>(tree_mask[t]) : 0;
     for (uint64_t rest = bits; rest; rest &= rest - 1) {  // level 2: ancestors in the tree block
       const int64_t j = tree_begin[t] + __builtin_ctzll(rest);
-      if (j >= 0 && j < max_kv_len) push(pages[j / page_size] * page_size + j % page_size);
+      if (j < 0 || j >= max_kv_len) continue;
+      const int64_t page = pages[j / page_size];
+      if (page >= 0 && page < num_pages) push(page * page_size + j % page_size);
     }
-    if (n) chunk_update(qs, k_pool, v_pool, slots, n, row, kvh * head_dim, head_dim, group, scale, m, l, o);
-    for (int g = 0; g < group; ++g) {
+    if (n) chunk_update(qs, k_pool, v_pool, slots, n, row, kvh * head_dim, head_dim, gn, scale, m, l, o);
+    for (int g = 0; g < gn; ++g) {
       if (l[g] > 0.f) {
         scale_row(o[g], 1.f / l[g], head_dim);
       } else {
@@ -151,7 +165,7 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
       }
     }
   };
-  const int64_t items = num_tokens * num_kv_heads;
+  const int64_t items = num_tokens * num_kv_heads * subgroups;
   int64_t work = 0;  // visible keys summed over tokens: decides whether threads pay off
   for (int64_t t = 0; t < num_tokens; ++t) {
     work += std::max<int64_t>(0, key_end[t] - key_begin[t]);

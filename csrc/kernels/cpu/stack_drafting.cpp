@@ -28,6 +28,7 @@ struct Step {
       : x(static_cast<size_t>(m * hidden)), pos(m), slots(m), seq(m), key_begin(m), key_end(m) {
     attn.slot_mapping = slots.data();
     attn.block_table = io.block_table;
+    attn.batch = io.batch;
     attn.max_pages = io.max_pages;
     attn.page_size = io.page_size;
     attn.token_seq = seq.data();

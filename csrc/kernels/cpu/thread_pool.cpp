@@ -18,6 +18,9 @@ namespace {
 // core get it (the engine runs torch's own ops single-threaded inside a step, so torch's
 // OpenMP workers are not among them there).
 std::atomic<int64_t> g_spin_us{1000};
+
+// Set on pool workers and on a caller while it drains: a run() from inside a task runs inline.
+thread_local bool t_in_pool = false;
 }  // namespace
 
 void ThreadPool::set_spin_us(int64_t us) { g_spin_us.store(us < 0 ? 0 : us, std::memory_order_relaxed); }
@@ -50,12 +53,18 @@ void ThreadPool::drain() {
   // e.g. an OpenMP pool, share the cores) holds up at most the task it has claimed.
   for (int t = next_.fetch_add(1, std::memory_order_acq_rel); t < num_tasks_;
        t = next_.fetch_add(1, std::memory_order_acq_rel)) {
-    (*fn_)(t);
+    try {
+      (*fn_)(t);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu_);
+      if (!error_) error_ = std::current_exception();
+    }
     done_.fetch_add(1, std::memory_order_acq_rel);
   }
 }
 
 void ThreadPool::worker(uint64_t seen) {
+  t_in_pool = true;
   for (;;) {
     // Poll for spin_us(), yielding the core between polls after the first 50 us, then sleep.
     const auto start = std::chrono::steady_clock::now();
@@ -88,10 +97,11 @@ void ThreadPool::worker(uint64_t seen) {
 }
 
 void ThreadPool::run(int num_tasks, int num_threads, const std::function<void(int)>& fn) {
-  if (num_threads <= 1 || num_tasks <= 1) {
+  if (num_threads <= 1 || num_tasks <= 1 || t_in_pool) {
     for (int t = 0; t < num_tasks; ++t) fn(t);
     return;
   }
+  std::lock_guard<std::mutex> call(call_mu_);
   ensure(num_threads - 1);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -105,8 +115,16 @@ void ThreadPool::run(int num_tasks, int num_threads, const std::function<void(in
     generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   cv_.notify_all();
+  t_in_pool = true;
   drain();
+  t_in_pool = false;
   while (done_.load(std::memory_order_acquire) != num_tasks) SONARSPEC_PAUSE();
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    std::swap(error, error_);
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace sonarspec

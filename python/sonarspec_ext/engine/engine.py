@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import logging
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from .metadata import TreeBlock
 from .transfer import to_device
 
 TIMING_KEYS = ("plan", "draft", "verify", "sample", "wait")
+log = logging.getLogger("sonarspec")
 
 
 @dataclass
@@ -96,6 +98,14 @@ class Engine:
         self.planner = _C.Planner(pc)
         self.proposer = make_proposer(self.spec, draft_dir, self.model, self.planner, num_pages, c.page_size,
                                       self.dtype, self.device, c.draft_sampling)
+        # a request never outgrows the pool: past what one sequence (plus its lookahead) can
+        # hold, it finishes with reason "length" instead of waiting forever for pages
+        fits = num_pages * c.page_size - self.proposer.lookahead
+        if fits < 2:
+            raise ValueError(f"the KV pool ({num_pages} pages of {c.page_size} tokens) cannot hold a prompt token, "
+                             f"a generated token and {self.proposer.lookahead} lookahead slots: raise num_pages "
+                             f"or kv_cache_memory")
+        self.max_model_len = min(self.max_model_len, fits)
         if c.cuda_graphs:
             if self.device.type != "cuda":
                 raise ValueError(f"cuda_graphs needs a CUDA device, not {self.device.type!r}")
@@ -110,6 +120,7 @@ class Engine:
         # wraps the region of the single-token MTP schedule that must not wait for the host
         # (``sync_free.forbid_host_syncs`` or ``cuda_sync_guard`` make a sync there raise)
         self.sync_guard = nullcontext
+        self._step_seq_ids: List[int] = []   # the running step's sequences (failed together if it raises)
         if c.freeze_gc:
             gc.freeze()
 
@@ -163,13 +174,45 @@ class Engine:
     def step(self) -> List[Sequence]:
         """Runs one engine step (plan -> draft -> verify -> sample -> post-process); returns
         the sequences that received tokens. Torch's own ops run single-threaded meanwhile
-        (``native_gemm_threads``; large prefill chunks get the threads back)."""
+        (``native_gemm_threads``; large prefill chunks get the threads back).
+
+        A step that raises finishes the sequences it had scheduled with reason ``"error"``
+        (the exception's text in ``error``), releasing their pages; the engine stays
+        consistent and serves everything else. An ``Exception`` is not re-raised; anything
+        else (``KeyboardInterrupt``) is, after the clean-up."""
+        self._step_seq_ids = []
         with native_gemm_threads():
-            return self._step()
+            try:
+                return self._step()
+            except BaseException as e:
+                self._fail_step(e)
+                if not isinstance(e, Exception):
+                    raise
+                return []
+
+    def _fail_step(self, error: BaseException) -> None:
+        log.error("engine step failed (%s: %s); its %d request(s) finish with an error", type(error).__name__,
+                  error, len(self._step_seq_ids))
+        if self._next_plan is not None:
+            try:
+                self._next_plan.wait()
+            finally:
+                self._next_plan = None
+        for sid in self._step_seq_ids:
+            seq = self.seqs.get(sid)
+            if seq is not None and not seq.finished:
+                seq.error = f"{type(error).__name__}: {error}"
+                try:
+                    self._finish(seq, "error")
+                except Exception:   # the state that failed may fail again: free the pages regardless
+                    seq.finish_reason = "error"
+                    if self.planner.has(sid):
+                        self.planner.finish(sid)
 
     def _step(self) -> List[Sequence]:
         t0 = time.perf_counter()
         scheduled, preempted = self._plan()
+        self._step_seq_ids = [sid for sid, _, _ in scheduled]
         for sid in preempted:
             if sid in self.seqs:
                 self.seqs[sid].num_preemptions += 1

@@ -73,7 +73,12 @@ class Tokenizer:
     def encode(self, text: str) -> List[int]:
         """Token ids of ``text``; special tokens written in the text (``<|im_start|>``) are
         matched whole. Prepends BOS where the model adds one, unless the text starts with it."""
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if not isinstance(text, str):
+            raise ValueError(f"text to encode must be a string, got {type(text).__name__}")
+        try:
+            ids = self._tok.encode(text, add_special_tokens=False).ids
+        except Exception as e:   # the tokenizers library raises bare Exceptions (lone surrogates, ...)
+            raise ValueError(f"the text cannot be tokenized: {e}") from None
         if self.add_bos and not (ids and ids[0] == self.bos_token_id):
             ids = [self.bos_token_id] + ids
         return ids

@@ -12,6 +12,8 @@ def check_tensor(name: str, t, *, dtypes: Optional[Iterable[torch.dtype]] = None
                  device: Optional[torch.device] = None, contiguous: bool = True) -> None:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} is on {t.device}: the native ops take CPU or CUDA tensors with storage")
     if dtypes is not None and t.dtype not in tuple(dtypes):
         raise ValueError(f"{name} has dtype {t.dtype}, expected one of {[str(d) for d in dtypes]}")
     if ndim is not None and t.dim() != ndim:

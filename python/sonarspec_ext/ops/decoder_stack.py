@@ -136,8 +136,8 @@ class DecoderStack:
         m = x.shape[0]
         for name, t in (("positions", positions), ("slot_mapping", slot_mapping), ("token_seq", token_seq),
                         ("key_begin", key_begin), ("key_end", key_end)):
-            if t.dtype != torch.int64 or t.shape != (m,) or not t.is_contiguous():
-                raise ValueError(f"{name} must be a contiguous int64 tensor of shape [{m}]")
+            if t.dtype != torch.int64 or t.shape != (m,) or not t.is_contiguous() or t.device.type != "cpu":
+                raise ValueError(f"{name} must be a contiguous int64 CPU tensor of shape [{m}]")
         if self.model.fc is not None:
             if features is None:
                 raise ValueError("this stack is an MTP head's: pass features")
@@ -145,14 +145,29 @@ class DecoderStack:
             features = features.contiguous()
             if features.shape != x.shape:
                 raise ValueError(f"features have shape {list(features.shape)}, expected {list(x.shape)}")
+        check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2)
+        if block_table.device.type != "cpu":
+            raise ValueError(f"block_table is on {block_table.device}, expected cpu")
+        if not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
+        for name, t in (("tree_begin", tree_begin), ("tree_mask", tree_mask)):
+            if t is not None and (t.dtype != torch.int64 or t.shape != (m,) or not t.is_contiguous()
+                                  or t.device.type != "cpu"):
+                raise ValueError(f"{name} must be a contiguous int64 CPU tensor of shape [{m}]")
+        if (tree_begin is None) != (tree_mask is None):
+            raise ValueError("tree_begin and tree_mask go together: pass both or neither")
         out = x.clone(memory_format=torch.contiguous_format)
         try:
-            self._native.forward(
+            bad = self._native.forward(
                 out.data_ptr(), 0 if features is None else features.data_ptr(), m, positions.data_ptr(),
-                slot_mapping.data_ptr(), block_table.data_ptr(), block_table.shape[1], page_size,
+                slot_mapping.data_ptr(), block_table.data_ptr(), block_table.shape[0], block_table.shape[1],
+                page_size,
                 token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(),
                 0 if tree_begin is None else tree_begin.data_ptr(), 0 if tree_mask is None else tree_mask.data_ptr(),
                 out.data_ptr(), native_threads())
         except IndexError as e:
             raise ValueError(str(e)) from None
+        if bad:
+            raise ValueError(f"DecoderStack: {bad} token-layers had a KV slot past the pools or attended to no "
+                             f"key (token_seq, block_table page ids or key ranges out of range)")
         return out

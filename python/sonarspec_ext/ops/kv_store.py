@@ -15,7 +15,8 @@ def kv_store(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: tor
 
     k_pool, v_pool: (num_slots, num_kv_heads, head_dim); k, v: (num_tokens, num_kv_heads,
     head_dim) of the pool's dtype; slot_mapping: (num_tokens,) int64 on the same device.
-    Negative slots (padding) are skipped.
+    Negative slots (padding) are skipped; slots past the pool are a ValueError on the CPU
+    (the other tokens are written) and skipped on CUDA.
     """
     check_tensor("k_pool", k_pool, dtypes=_KV_DTYPES, ndim=3)
     dev = k_pool.device
@@ -31,6 +32,8 @@ def kv_store(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: tor
             raise ValueError(f"{name} has shape {list(t.shape)}, expected [{slot_mapping.shape[0]}, "
                              f"{row[0]}, {row[1]}]")
     check_cuda_build("kv_store", dev)
-    _C.kv_store(k.data_ptr(), v.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), slot_mapping.data_ptr(),
-                slot_mapping.shape[0], k_pool[0].numel() * k_pool.element_size(), k_pool.shape[0],
-                dev.type == "cuda", stream_handle(dev))
+    past = _C.kv_store(k.data_ptr(), v.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), slot_mapping.data_ptr(),
+                       slot_mapping.shape[0], k_pool[0].numel() * k_pool.element_size(), k_pool.shape[0],
+                       dev.type == "cuda", stream_handle(dev))
+    if past:   # counted on the CPU (a CUDA launch skips such slots without a host read)
+        raise ValueError(f"{past} slot(s) in slot_mapping are past the pool's {k_pool.shape[0]} slots")

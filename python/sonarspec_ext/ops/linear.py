@@ -78,12 +78,15 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     tiles when the build has it (in_features and out_features multiples of 8); everything
     else goes to ``F.linear``. bfloat16 weights with float32 activations always compute
     as the native kernel does: activations rounded to bfloat16, products summed in
-    float32 (``F.linear`` on the widened operands beyond the native row counts)."""
+    float32 (``F.linear`` on the widened operands beyond the native row counts). A bias
+    that is not (out_features,) broadcasts (or fails) as ``F.linear`` decides."""
     rows = x.numel() // x.shape[-1] if x.dim() else 0
     compact = weight.dtype == torch.bfloat16
     if (uses_native_gemm(rows, x.device, x.dtype, compact) and weight.dtype in (torch.float32, torch.bfloat16)
             and weight.dim() == 2 and weight.shape[1] == x.shape[-1] and weight.is_contiguous()
-            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+            and weight.device == x.device
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.device == x.device
+                                  and tuple(bias.shape) == (weight.shape[0],)))
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         xc = x.contiguous()
         out = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32)

@@ -19,8 +19,9 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     max_pages) int64 page ids; token_seq, key_begin, key_end (num_tokens,) int64: query t
     attends to positions [key_begin[t], key_end[t]) of sequence token_seq[t]. With ``tree_begin``/``tree_mask`` (num_tokens,) int64 it also
     attends to positions tree_begin[t] + j for each bit j of tree_mask[t] (draft-tree
-    ancestors; the two key sets are merged by log-sum-exp in one pass). Returns
-    (num_tokens, num_heads * head_dim)."""
+    ancestors; the two key sets are merged by log-sum-exp in one pass). Any number of query
+    heads per KV head. Returns (num_tokens, num_heads * head_dim); a query token that
+    reads no key at all is a ValueError."""
     check_tensor("q", q, dtypes=(torch.float32,), ndim=3)
     if q.device.type != "cpu":
         raise ValueError(f"paged_attention runs on the CPU; q is on {q.device}")
@@ -29,8 +30,6 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         check_tensor(name, t, dtypes=(torch.float32,), ndim=3, device=q.device)
         if t.shape[2] != D or H % t.shape[1]:
             raise ValueError(f"{name} has shape {list(t.shape)}: head_dim must be {D} and num_kv_heads divide {H}")
-    if H // k_pool.shape[1] > 16:
-        raise ValueError(f"paged_attention supports up to 16 query heads per KV head, got {H // k_pool.shape[1]}")
     if v_pool.shape != k_pool.shape:
         raise ValueError(f"v_pool has shape {list(v_pool.shape)}, expected {list(k_pool.shape)} like k_pool")
     check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2, device=q.device)
@@ -44,10 +43,14 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         if t.shape[0] != T:
             raise ValueError(f"{name} has {t.shape[0]} entries, expected {T} (one per query token)")
     out = torch.empty(T, H * D, dtype=torch.float32)
-    _C.paged_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), block_table.data_ptr(),
-                       block_table.shape[1], page_size,
-                       token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(),
-                       0 if tree_begin is None else tree_begin.data_ptr(),
-                       0 if tree_mask is None else tree_mask.data_ptr(), out.data_ptr(), T, H,
-                       k_pool.shape[1], D, k_pool.shape[0], float(scale), native_threads())
+    no_keys = _C.paged_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), block_table.data_ptr(),
+                                 block_table.shape[0], block_table.shape[1], page_size,
+                                 token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(),
+                                 0 if tree_begin is None else tree_begin.data_ptr(),
+                                 0 if tree_mask is None else tree_mask.data_ptr(), out.data_ptr(), T, H,
+                                 k_pool.shape[1], D, k_pool.shape[0], float(scale), native_threads())
+    if no_keys:
+        raise ValueError(f"paged_attention: {no_keys} query token(s) attend to no key: token_seq outside the "
+                         f"block table's {block_table.shape[0]} rows, page ids outside the pool, or an empty "
+                         f"key range")
     return out
