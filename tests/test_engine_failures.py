@@ -144,4 +144,4 @@ def test_a_request_larger_than_the_kv_pool_finishes(llama_dir, heads, method):
     with pytest.raises(ValueError, match="context holds"):
         llm.generate([list(range(40))], GREEDY)
     with pytest.raises(ValueError, match="cannot hold a prompt token"):
-        LLM(llama_dir, spec=spec, num_pages=1, page_size=2)
+        LLM(llama_dir, spec=spec, num_pages=1, page_size=1)
