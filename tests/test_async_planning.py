@@ -43,7 +43,7 @@ def test_random_workload_with_preemption_returns_every_page(llama_dir, draft_dir
               num_pages=30, page_size=4, max_num_seqs=8, async_planning=True)
     eng = run_random_workload(llm, seed=72)
     assert eng.planner.num_free_pages == eng.kv_cache.num_pages
-    assert sum(s["num_preemptions"] for s in eng.finished_stats) > 0
+    assert eng.finished.totals["num_preemptions"] > 0
 
 
 def test_outputs_equal_under_preemption_while_drafters_refill(llama_dir, draft_dir, heads):
@@ -57,4 +57,4 @@ def test_outputs_equal_under_preemption_while_drafters_refill(llama_dir, draft_d
                  SpecConfig(method="eagle_tree", draft=heads["trained"], num_draft_tokens=3, tree_num_nodes=6)):
         llm = LLM(llama_dir, spec=spec, num_pages=34, page_size=4, max_num_seqs=12, async_planning=True)
         assert [o.token_ids for o in llm.generate(ps, params)] == ref
-        assert sum(s["num_preemptions"] for s in llm.engine.finished_stats) > 0
+        assert llm.engine.finished.totals["num_preemptions"] > 0

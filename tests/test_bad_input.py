@@ -126,3 +126,58 @@ def test_generation_stops_at_context_limit(llama_dir):
     llm = LLM(llama_dir, max_model_len=20)
     out = llm.generate([[1] * 15], SamplingParams(max_tokens=100, temperature=0, ignore_eos=True))[0]
     assert out.finish_reason == "length" and len(out.token_ids) == 5
+
+
+def test_integer_weights_and_configs_out_of_range_are_refused(model_copy):
+    f = os.path.join(model_copy, "model.safetensors")
+    state = load_file(f)
+    name = next(n for n in state if n.endswith("mlp.up_proj.weight"))
+    state[name] = state[name].to(torch.int8)
+    save_file(state, f)
+    with pytest.raises(CheckpointError, match=f"{name}' has dtype torch.int8"):
+        load_model(model_copy)
+    cfg_file = os.path.join(model_copy, "config.json")
+    cfg = json.load(open(cfg_file))
+    for bad, msg in [([cfg], "expected a JSON object, got a list"), ({**cfg, "hidden_size": -64}, "hidden_size"),
+                     ({**cfg, "num_hidden_layers": 0}, "num_hidden_layers"),
+                     ({**cfg, "max_position_embeddings": 0}, "max_position_embeddings"),
+                     ({**cfg, "eos_token_id": "x"}, "eos_token_id must be a token id")]:
+        json.dump(bad, open(cfg_file, "w"))
+        with pytest.raises(CheckpointError, match=msg):
+            load_model(model_copy)
+
+
+def test_weight_index_outside_the_model_directory_is_refused(model_copy, tmp_path):
+    os.rename(os.path.join(model_copy, "model.safetensors"), tmp_path / "elsewhere.safetensors")
+    index = {"weight_map": {n: str(tmp_path / "elsewhere.safetensors")
+                            for n in load_file(str(tmp_path / "elsewhere.safetensors"))}}
+    json.dump(index, open(os.path.join(model_copy, "model.safetensors.index.json"), "w"))
+    with pytest.raises(CheckpointError, match="outside the model directory"):
+        load_model(model_copy)
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(num_pages=0), "num_pages"), (dict(num_pages=-1), "num_pages"), (dict(num_pages=2.5), "num_pages"),
+    (dict(num_pages="8"), "num_pages"), (dict(max_model_len=0), "max_model_len"),
+    (dict(max_model_len=-5), "max_model_len"), (dict(device="foo"), "device 'foo'"),
+    (dict(device="meta"), "runs on 'cpu' or 'cuda'"),
+])
+def test_engine_options_are_validated(llama_dir, kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        LLM(llama_dir, **kwargs)
+
+
+def test_tree_top_k_is_bounded():
+    with pytest.raises(ValueError, match="tree_top_k must be at most 63"):
+        SpecConfig(method="eagle_tree", tree_top_k=10 ** 5)
+
+
+def test_finished_request_statistics_stay_bounded(llama_dir):
+    llm = LLM(llama_dir)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    llm.generate([[1, 2]] * 5, params)
+    before = len(json.dumps(vars(llm.engine.finished)))
+    llm.generate([[1, 2]] * 50, params)
+    assert len(json.dumps(vars(llm.engine.finished))) <= before + 8
+    s = llm.stats()
+    assert s["num_requests"] == 55 and s["num_output_tokens"] == 110 and s["finish_reasons"] == {"length": 55}

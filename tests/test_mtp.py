@@ -209,7 +209,7 @@ def test_pages_return_after_random_requests_aborts_and_preemption(llama_dir, hea
               page_size=4, num_pages=60, max_num_seqs=8, max_num_batched_tokens=32)
     eng = run_random_workload(llm, seed=5)
     assert eng.planner.num_free_pages == 60 and not eng.proposer.state and not eng.proposer.waiting
-    assert sum(s["num_preemptions"] for s in eng.finished_stats) > 0
+    assert eng.finished.totals["num_preemptions"] > 0
 
 
 def test_draft_vocabulary_restricts_proposals_and_stays_lossless(llama_dir, heads, tmp_path, plain_greedy):

@@ -78,7 +78,7 @@ def test_pages_return_after_random_requests_aborts_and_preemption(llama_dir, dra
               page_size=4, num_pages=60, max_num_seqs=8)
     eng = run_random_workload(llm, seed=3)
     assert eng.planner.num_free_pages == 60 and not eng.proposer.state and not eng.proposer.waiting
-    assert sum(s["num_preemptions"] for s in eng.finished_stats) > 0
+    assert eng.finished.totals["num_preemptions"] > 0
 
 
 def _record_proposals(llm):

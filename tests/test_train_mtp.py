@@ -161,3 +161,14 @@ def test_jsonl_split_field_decides_the_held_out_documents(tmp_path):
     f.write_text(json.dumps({"text": "x", "split": "test"}))
     with pytest.raises(ValueError, match="'split' must be 'train' or 'val'"):
         read_corpus([str(f)])
+
+
+def test_train_mtp_short_windows_on_a_compact_target_and_a_file_as_out(tmp_path):
+    """bfloat16-weight targets keep float32 activations: a 64-token feature pass (native
+    attention) needs a float32 KV pool; --out naming a file is refused before training."""
+    corpus = _corpus(tmp_path)
+    (tmp_path / "taken").write_text("x")
+    assert main(["train-mtp", "--data", str(corpus), "--out", str(tmp_path / "taken"), "--max-steps", "1"]) == 2
+    rc = main(["train-mtp", "--data", str(corpus), "--out", str(tmp_path / "h64"), "--max-steps", "2",
+               "--seq-len", "64", "--max-windows", "8", "--eval-every", "1", "--batch-size", "2"])
+    assert rc == 0 and os.path.isfile(tmp_path / "h64" / "model.safetensors")

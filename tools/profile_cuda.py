@@ -32,7 +32,7 @@ def profile_scheme(name: str, device: str, dtype: str, max_tokens: int, top: int
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for p in PROMPTS[:2]:
         llm.generate([p], params)                       # warm-up: allocator, kernels, planner thread
-    llm.engine.finished_stats.clear()
+    llm.engine.finished.clear()
     llm.engine.timing = dict.fromkeys(llm.engine.timing, 0.0)
     _sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])

@@ -126,7 +126,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
             agree[name] = sum(a == b for a, b in zip(got, ref))
             if agree[name] != len(ref) and torch.device(device).type == "cpu" and not sampled:
                 raise RuntimeError(f"{name} output differs from plain greedy decoding; not timing")
-            llms[name].engine.finished_stats.clear()
+            llms[name].engine.finished.clear()
         times = {name: [] for name, _ in schemes}
         for _ in range(repeats):
             for name, _ in schemes:

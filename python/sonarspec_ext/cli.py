@@ -6,6 +6,17 @@ import sys
 import time
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
 def _auto_spec(model: str) -> str:
     """MTP when a head is at hand (the packaged target's, or one inside the checkpoint), else
     n-gram drafting from the context (no drafter needed)."""
@@ -60,17 +71,17 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
     p.add_argument("--spec", default="auto", choices=["auto", "none", "draft_target", "mtp", "eagle_tree", "ngram"],
                    help="auto: MTP when the model has a head (the packaged target does), else ngram")
     p.add_argument("--draft", default="default", help="draft model or MTP head dir ('default': packaged)")
-    p.add_argument("--num-draft-tokens", type=int, default=3, help="chain length, or tree depth (eagle_tree)")
-    p.add_argument("--tree-top-k", type=int, default=None, help="eagle_tree: children per expanded node (4)")
-    p.add_argument("--tree-nodes", type=int, default=None, help="eagle_tree: draft nodes per tree (16)")
-    p.add_argument("--max-tokens", type=int, default=max_tokens)
-    p.add_argument("--temperature", type=float, default=temperature)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--num-draft-tokens", type=positive_int, default=3, help="chain length, or tree depth (eagle_tree)")
+    p.add_argument("--tree-top-k", type=positive_int, default=None, help="eagle_tree: children per expanded node (4)")
+    p.add_argument("--tree-nodes", type=positive_int, default=None, help="eagle_tree: draft nodes per tree (16)")
+    p.add_argument("--max-tokens", type=positive_int, default=max_tokens, help="tokens to generate at most")
+    p.add_argument("--temperature", type=float, default=temperature, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0: off)")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling (reproducible)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="activation dtype")
 
 
 def _packaged(name: str) -> bool:
@@ -150,18 +161,18 @@ def _add_train_mtp(sub) -> None:
     t.add_argument("--layout", default="rmsnorm", choices=["rmsnorm", "eagle1"])
     t.add_argument("--formats", nargs="+", default=["sonarspec"], choices=["sonarspec", "eagle1", "deepseek"],
                    help="extra exports go to OUT-<format>")
-    t.add_argument("--max-steps", type=int, default=1000)
-    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--max-steps", type=positive_int, default=1000)
+    t.add_argument("--batch-size", type=positive_int, default=8)
     t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--unroll", type=int, default=1, help="train on K-step chains of the head's own outputs")
+    t.add_argument("--unroll", type=positive_int, default=1, help="train on K-step chains of the head's own outputs")
     t.add_argument("--ce-weight", type=float, default=0.1)
     t.add_argument("--noise", type=float, default=0.1)
-    t.add_argument("--seq-len", type=int, default=256)
-    t.add_argument("--max-windows", type=int, default=2000)
+    t.add_argument("--seq-len", type=positive_int, default=256)
+    t.add_argument("--max-windows", type=positive_int, default=2000)
     t.add_argument("--feature-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     t.add_argument("--export-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="dtype of the exported head's tensors (engine validation runs on the exported head)")
-    t.add_argument("--eval-every", type=int, default=100)
+    t.add_argument("--eval-every", type=positive_int, default=100)
     t.add_argument("--draft-vocab", type=int, default=0,
                    help="propose only the N most frequent training tokens (cheaper drafting; 0: all)")
     t.add_argument("--seed", type=int, default=0)
@@ -190,20 +201,20 @@ def main(argv=None) -> int:
                    help="HF model dir, .gguf file, smollm2, or synthetic-30m (random 30M Llama; with --spec all: the "
                         "packaged target)")
     b.add_argument("--draft", default="default", help="draft model for --spec all ('none': no draft_target rows)")
-    b.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6], help="draft_target draft lengths")
+    b.add_argument("--ks", type=positive_int, nargs="+", default=[2, 4, 6], help="draft_target draft lengths")
     b.add_argument("--mtp", default="default",
                    help="MTP head dir for --spec all/mtp ('default': packaged head; 'none': no MTP rows)")
-    b.add_argument("--mtp-ks", type=int, nargs="+", default=[1, 2, 3, 4], help="MTP draft lengths (tree depths)")
-    b.add_argument("--tree-top-k", type=int, default=None, help="eagle_tree: children per expanded node (4)")
-    b.add_argument("--tree-nodes", type=int, default=None, help="eagle_tree: draft nodes per tree (16)")
+    b.add_argument("--mtp-ks", type=positive_int, nargs="+", default=[1, 2, 3, 4], help="MTP draft lengths (tree depths)")
+    b.add_argument("--tree-top-k", type=positive_int, default=None, help="eagle_tree: children per expanded node (4)")
+    b.add_argument("--tree-nodes", type=positive_int, default=None, help="eagle_tree: draft nodes per tree (16)")
     b.add_argument("--spec-max-batch", type=int, default=None,
                    help="speculate only while at most this many sequences decode (engine option spec_max_batch)")
     b.add_argument("--plot", default=None, help="write a PNG chart (--spec all; needs matplotlib)")
-    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    b.add_argument("--prompt-len", type=int, default=32)
-    b.add_argument("--max-tokens", type=int, default=128)
-    b.add_argument("--repeats", type=int, default=5)
-    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8], help="batch sizes to measure")
+    b.add_argument("--prompt-len", type=positive_int, default=32, help="--spec none: random prompt length")
+    b.add_argument("--max-tokens", type=positive_int, default=128, help="tokens generated per prompt")
+    b.add_argument("--repeats", type=positive_int, default=5, help="timed rounds (medians are reported)")
+    b.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
     b.add_argument("--device", default="cpu", help="--spec all/mtp/eagle_tree: cpu or cuda")
     b.add_argument("--cuda-graphs", action="store_true", help="with --device cuda: small steps as CUDA graphs")

@@ -145,22 +145,8 @@ class LLM:
             return self._stats()
 
     def _stats(self) -> dict:
-        fs = self.engine.finished_stats
-        steps = sum(s["num_steps"] for s in fs)
-        accepted = sum(s["num_accepted_tokens"] for s in fs)
-        width = max((len(s["drafted_per_position"]) for s in fs), default=0)
-        drafted = [sum(s["drafted_per_position"][k] for s in fs if k < len(s["drafted_per_position"]))
-                   for k in range(width)]
-        per_pos = [sum(s["num_accepted_per_position"][k] for s in fs if k < len(s["drafted_per_position"]))
-                   / max(drafted[k], 1) for k in range(width)]
         return {
-            "num_requests": len(fs),
-            "num_steps": steps,
-            "num_draft_tokens": sum(s["num_draft_tokens"] for s in fs),
-            "num_accepted_tokens": accepted,
-            "acceptance_length": (accepted + steps) / steps if steps else 0.0,
-            "accepted_per_position": per_pos,
-            "num_output_tokens": sum(s["num_output_tokens"] for s in fs),
+            **self.engine.finished.summary(),
             "num_engine_steps": self.engine.num_steps,
             "timing": {k: self.engine.timing[k] for k in TIMING_KEYS},
             **({"cuda_graphs": [{"captured": len(r.graphs.graphs), "error": r.graphs.error}

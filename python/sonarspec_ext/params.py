@@ -85,6 +85,8 @@ class SpecConfig:
         for name in ("tree_top_k", "tree_num_nodes"):
             v = getattr(self, name)
             _check(v is None or (isinstance(v, int) and v >= 1), f"{name} must be None or >= 1, got {v!r}")
+        _check(self.tree_top_k is None or self.tree_top_k <= 63,
+               f"tree_top_k must be at most 63 (a tree holds at most 63 nodes), got {self.tree_top_k}")
         _check(self.tree_num_nodes is None or self.tree_num_nodes <= 63,
                f"tree_num_nodes must be at most 63 (a tree and its root fit one 64-bit mask), got {self.tree_num_nodes}")
         if self.tree_paths is not None:

@@ -22,6 +22,7 @@ from ..models.loader import load_model, load_tokenizer, parse_dtype
 from ..ops.linear import native_gemm_threads
 from ..params import SamplingParams, SpecConfig
 from .kv_cache import KVCache, num_pages_for_budget
+from .request_stats import RequestTotals
 from .runner import ModelRunner
 from .sequence import Sequence
 from ..spec.factory import make_proposer, resolve_draft
@@ -57,9 +58,12 @@ class EngineConfig:
     compact_weights: bool = True
 
     def __post_init__(self):
-        for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "num_pages",
+                     "max_model_len"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if v is None and name in ("num_pages", "max_model_len"):
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if self.spec_max_batch is not None and (not isinstance(self.spec_max_batch, int) or self.spec_max_batch < 0):
             raise ValueError(f"spec_max_batch must be None or an integer >= 0, got {self.spec_max_batch!r}")
@@ -70,7 +74,12 @@ class Engine:
                  spec: Optional[SpecConfig] = None):
         self.config = config or EngineConfig()
         self.spec = spec or SpecConfig()
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device {device!r} is not a device torch knows ({e})") from None
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device {device!r}: sonarspec runs on 'cpu' or 'cuda'")
         self.async_planning = (self.device.type == "cuda" if self.config.async_planning is None
                                else bool(self.config.async_planning))
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -116,7 +125,7 @@ class Engine:
         self.timing = dict.fromkeys(TIMING_KEYS, 0.0)
         self._next_plan = None   # PlanHandle of the step planned ahead (async_planning)
         self.num_steps = 0
-        self.finished_stats: List[dict] = []
+        self.finished = RequestTotals()   # statistics of finished requests, as running totals
         # wraps the region of the single-token MTP schedule that must not wait for the host
         # (``sync_free.forbid_host_syncs`` or ``cuda_sync_guard`` make a sync there raise)
         self.sync_guard = nullcontext
@@ -332,7 +341,7 @@ class Engine:
         if self.planner.has(seq.seq_id):
             self.planner.finish(seq.seq_id)
         self.proposer.reset(seq)
-        self.finished_stats.append(seq.stats())
+        self.finished.add(seq.stats(), seq.finish_reason)
 
     def text_so_far(self, seq: Sequence) -> str:
         return seq.text if seq.finished else self.tokenizer.decode(seq.output_ids)

@@ -35,6 +35,14 @@ class ModelConfig:
     bos_token_id: Optional[int] = None
 
     def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise CheckpointError(f"{name} must be a positive integer, got {v!r}")
+        if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
+            raise CheckpointError(f"rms_norm_eps and rope_theta must be positive, got {self.rms_norm_eps!r} and "
+                                  f"{self.rope_theta!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise CheckpointError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -78,6 +86,8 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict, source: str = "config.json") -> "ModelConfig":
+        if not isinstance(d, dict):
+            raise CheckpointError(f"{source}: expected a JSON object, got a {type(d).__name__}")
         archs = d.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -104,7 +114,7 @@ class ModelConfig:
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
                 sliding_window=int(window) if window else None,
                 architecture=arch,
-                eos_token_ids=[] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos]),
+                eos_token_ids=[] if eos is None else _token_ids(eos, f"{source}: eos_token_id"),
                 bos_token_id=d.get("bos_token_id"),
             )
         except KeyError as e:
@@ -133,8 +143,16 @@ class ModelConfig:
             except json.JSONDecodeError as e:
                 raise CheckpointError(f"{gen}: not valid JSON ({e})") from None
             if eos is not None:
-                cfg.eos_token_ids = [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+                cfg.eos_token_ids = _token_ids(eos, f"{gen}: eos_token_id")
         return cfg
+
+
+def _token_ids(value, what: str) -> list:
+    """A token id or a list of them, as config files write eos_token_id."""
+    values = [value] if not isinstance(value, (list, tuple)) else list(value)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise CheckpointError(f"{what} must be a token id or a list of token ids, got {value!r}")
+    return values
 
 
 def _rope_scaling(d: dict) -> Optional[dict]:

@@ -35,9 +35,18 @@ def weight_files(path: str) -> Dict[str, str]:
         try:
             with open(index) as fh:
                 weight_map = json.load(fh)["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
-        return {name: os.path.join(path, f) for name, f in weight_map.items()}
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: weight_map must be an object of tensor name -> file")
+        root = os.path.realpath(path)
+        files = {}
+        for name, f in weight_map.items():
+            full = os.path.realpath(os.path.join(path, f))
+            if not isinstance(f, str) or os.path.commonpath([root, full]) != root:
+                raise CheckpointError(f"{index}: tensor {name!r} points at {f!r}, outside the model directory")
+            files[name] = full
+        return files
     if os.path.isfile(single):
         try:
             with safe_open(single, framework="pt") as f:
@@ -75,6 +84,9 @@ def load_state(path: str, expected: Dict[str, torch.Size], dtype: torch.dtype,
                         raise CheckpointError(f"{fname}: tensor {name!r} has shape {list(shape)}, "
                                               f"expected {list(expected[name])}")
                     t = f.get_tensor(name)
+                    if not t.dtype.is_floating_point:
+                        raise CheckpointError(f"{fname}: tensor {name!r} has dtype {t.dtype}; only float tensors "
+                                              f"load from safetensors (quantized weights: use a GGUF file)")
                     keep = keep_bf16_matrices and t.dtype == torch.bfloat16 and t.dim() == 2
                     state[name] = t if keep else t.to(dtype)
         except (SafetensorError, OSError, RuntimeError) as e:

@@ -23,6 +23,8 @@ EXPORT_FORMATS = ("sonarspec", "eagle1", "deepseek")
 
 
 def _check_writable(out: str) -> None:
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"output directory {out!r} is an existing file")
     parent = os.path.dirname(os.path.abspath(out)) or "."
     probe = out if os.path.isdir(out) else parent
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
