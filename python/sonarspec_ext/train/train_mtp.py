@@ -27,7 +27,12 @@ def _check_writable(out: str) -> None:
         raise ValueError(f"output directory {out!r} is an existing file")
     parent = os.path.dirname(os.path.abspath(out)) or "."
     probe = out if os.path.isdir(out) else parent
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
+    try:   # the export writes a temporary directory beside ``out``: try one now
+        os.rmdir(tempfile.mkdtemp(prefix=".probe-", dir=parent))
+        ok = os.access(probe, os.W_OK)
+    except OSError:
+        ok = False
+    if not ok:
         raise ValueError(f"output directory {out!r} cannot be written (check that {probe!r} exists and is writable)")
 
 
