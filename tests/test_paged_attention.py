@@ -65,7 +65,7 @@ def test_metadata_chooses_the_native_kernel_only_for_small_unmasked_steps():
     assert key_end.tolist() == [11, 12, 13, 1, 2, 3, 4, 5]
     assert key_begin.tolist() == [7, 8, 9, 0, 0, 0, 0, 1]
     big, _ = build_metadata([(0, NATIVE_ATTENTION_MAX_TOKENS + 1, table * 3)], 4, "cpu", native_attention=True)
-    assert big.native is None and big.mask is not None
+    assert big.native is not None and big.mask is None   # any step size: per-token key ranges
     assert build_metadata([(10, 3, table)], 4, "cpu")[0].native is None   # not asked for (e.g. bf16 models)
     tree, _ = build_metadata([(10, 2, table)], 4, "cpu", native_attention=True,
                              trees=[TreeBlock(10, np.array([1, 3]), np.array([10, 11]))])

@@ -119,6 +119,12 @@ int32_t Planner::pages_for(int32_t num_slots) const {
   return (num_slots + config_.page_size - 1) / config_.page_size;
 }
 
+// Lookahead slots reserved past a sequence's num_slots: never beyond max_model_len, where
+// the engine drafts no further (so a sequence at the end of the context still fits).
+int32_t Planner::lookahead_room(int32_t num_slots, int32_t lookahead) const {
+  return std::max(0, std::min(lookahead, config_.max_model_len - num_slots));
+}
+
 void Planner::add_request(int64_t seq_id, int32_t num_tokens) {
   std::lock_guard<std::mutex> lock(mu_);
   if (seqs_.count(seq_id)) throw std::invalid_argument("sequence id " + id_str(seq_id) + " is already in use");
@@ -216,7 +222,7 @@ StepPlan Planner::schedule_locked(int32_t lookahead) {
     int32_t num_new = std::min(seq.num_tokens - seq.num_computed, budget);
     if (num_new <= 0) { ++i; continue; }
     bool complete = seq.num_computed + num_new == seq.num_tokens;
-    int32_t slots = seq.num_computed + num_new + (complete ? lookahead : 0);
+    int32_t slots = seq.num_computed + num_new + (complete ? lookahead_room(seq.num_computed + num_new, lookahead) : 0);
     bool ok = grow(seq, slots);
     while (!ok && running_.back() != id) {
       int64_t victim = running_.back();
@@ -243,7 +249,7 @@ StepPlan Planner::schedule_locked(int32_t lookahead) {
     Seq& seq = seqs_.at(id);
     int32_t num_new = std::min(seq.num_tokens - seq.num_computed, budget);
     bool complete = seq.num_computed + num_new == seq.num_tokens;
-    int32_t slots = seq.num_computed + num_new + (complete ? lookahead : 0);
+    int32_t slots = seq.num_computed + num_new + (complete ? lookahead_room(seq.num_computed + num_new, lookahead) : 0);
     if (!grow(seq, slots)) break;
     waiting_.pop_front();
     running_.push_back(id);

@@ -18,8 +18,10 @@ namespace sonarspec {
 // and, when tree_mask is not null, also to positions tree_begin[t] + j for every bit j set
 // in tree_mask[t] (a draft tree block: the query's ancestors, itself included; up to 64
 // nodes). tree_begin may be null when tree_mask is.
-// Query heads map to KV heads in groups of any size (GQA). Returns the number of tokens
-// that read no key at all (their output is zero), or -1 for inconsistent sizes.
+// Query heads map to KV heads in groups of any size (GQA). Returns the number of bad
+// tokens - a token_seq row outside the table, a key range outside [0, max_pages *
+// page_size), a page id outside the pool, or no key at all - whose output is zero; -1
+// for inconsistent sizes.
 int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_pool,
                             const int64_t* block_table, int64_t batch_size, int64_t max_pages,
                             int64_t page_size, const int64_t* token_seq,

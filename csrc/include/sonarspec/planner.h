@@ -106,6 +106,7 @@ class Planner {
   Seq& get(int64_t seq_id);
   const Seq& get(int64_t seq_id) const;
   int32_t pages_for(int32_t num_slots) const;
+  int32_t lookahead_room(int32_t num_slots, int32_t lookahead) const;
   bool grow(Seq& seq, int32_t num_slots);
   void release(Seq& seq);
   void preempt(int64_t seq_id);

@@ -124,37 +124,47 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
       m[g] = -INFINITY;
       l[g] = 0.f;
     }
-    if (token_seq[t] < 0 || token_seq[t] >= batch_size) {   // no block table row: no keys
+    // An index outside the tables makes the token bad (its output is not attention over
+    // its keys): a row outside the block table, a key range past it, a page id outside the pool.
+    if (token_seq[t] < 0 || token_seq[t] >= batch_size || key_begin[t] < 0 || key_end[t] > max_kv_len) {
       bad.fetch_add(gn);
       return;
     }
+    bool invalid = false;
     const int64_t* pages = block_table + token_seq[t] * max_pages;
     int64_t slots[kChunk];
     int n = 0;
     auto push = [&](int64_t s) {
-      if (s < 0 || s >= num_slots) return;
       slots[n++] = s;
       if (n == kChunk) {
         chunk_update(qs, k_pool, v_pool, slots, n, row, kvh * head_dim, head_dim, gn, scale, m, l, o);
         n = 0;
       }
     };
-    const int64_t lo = std::max<int64_t>(0, key_begin[t]), hi = std::min(key_end[t], max_kv_len);
-    for (int64_t j = lo; j < hi;) {  // level 1: the committed prefix, a page at a time
+    const int64_t lo = key_begin[t], hi = key_end[t];
+    for (int64_t j = lo; j < hi && !invalid;) {  // level 1: the committed prefix, a page at a time
       const int64_t page = j / page_size, end = std::min(hi, (page + 1) * page_size);
-      if (pages[page] < 0 || pages[page] >= num_pages) {   // a page id outside the pool: skip its keys
-        j = end;
-        continue;
+      if (pages[page] < 0 || pages[page] >= num_pages) {
+        invalid = true;
+        break;
       }
       const int64_t base = pages[page] * page_size - page * page_size;
       for (; j < end; ++j) push(base + j);
     }
     const uint64_t bits = tree_mask ? static_cast<uint64_t>(tree_mask[t]) : 0;
-    for (uint64_t rest = bits; rest; rest &= rest - 1) {  // level 2: ancestors in the tree block
+    for (uint64_t rest = bits; rest && !invalid; rest &= rest - 1) {  // level 2: ancestors in the tree block
       const int64_t j = tree_begin[t] + __builtin_ctzll(rest);
-      if (j < 0 || j >= max_kv_len) continue;
-      const int64_t page = pages[j / page_size];
-      if (page >= 0 && page < num_pages) push(page * page_size + j % page_size);
+      const int64_t page = j >= 0 && j < max_kv_len ? pages[j / page_size] : -1;
+      if (page < 0 || page >= num_pages) {
+        invalid = true;
+        break;
+      }
+      push(page * page_size + j % page_size);
+    }
+    if (invalid) {
+      for (int g = 0; g < gn; ++g) std::fill(o[g], o[g] + head_dim, 0.f);
+      bad.fetch_add(gn);
+      return;
     }
     if (n) chunk_update(qs, k_pool, v_pool, slots, n, row, kvh * head_dim, head_dim, gn, scale, m, l, o);
     for (int g = 0; g < gn; ++g) {
@@ -168,7 +178,7 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
   const int64_t items = num_tokens * num_kv_heads * subgroups;
   int64_t work = 0;  // visible keys summed over tokens: decides whether threads pay off
   for (int64_t t = 0; t < num_tokens; ++t) {
-    work += std::max<int64_t>(0, key_end[t] - key_begin[t]);
+    work += std::max<int64_t>(0, std::min(key_end[t], max_kv_len) - std::max<int64_t>(0, key_begin[t]));
     if (tree_mask) work += __builtin_popcountll(static_cast<uint64_t>(tree_mask[t]));
   }
   const int threads = work * num_heads * head_dim >= (1 << 16) ? std::max(1, num_threads) : 1;

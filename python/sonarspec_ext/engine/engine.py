@@ -98,6 +98,13 @@ class Engine:
         self.max_model_len = min([c.max_model_len or min(limits)] + limits)
         num_pages = c.num_pages or num_pages_for_budget(
             c.kv_cache_memory, [self.model_config] + ([draft_cfg] if draft_cfg else []), c.page_size, self.dtype)
+        # a request never outgrows the pool: past what one sequence can hold it finishes with
+        # reason "length" (the planner reserves no lookahead past max_model_len) instead of
+        # waiting forever for pages
+        if num_pages * c.page_size < 2:
+            raise ValueError(f"the KV pool ({num_pages} pages of {c.page_size} tokens) cannot hold a prompt token "
+                             f"and a generated token: raise num_pages or kv_cache_memory")
+        self.max_model_len = min(self.max_model_len, num_pages * c.page_size)
         self.kv_cache = KVCache(self.model_config, num_pages, c.page_size, self.dtype, self.device)
         self.runner = ModelRunner(self.model, self.kv_cache)
         pc = _C.PlannerConfig()
@@ -107,14 +114,6 @@ class Engine:
         self.planner = _C.Planner(pc)
         self.proposer = make_proposer(self.spec, draft_dir, self.model, self.planner, num_pages, c.page_size,
                                       self.dtype, self.device, c.draft_sampling)
-        # a request never outgrows the pool: past what one sequence (plus its lookahead) can
-        # hold, it finishes with reason "length" instead of waiting forever for pages
-        fits = num_pages * c.page_size - self.proposer.lookahead
-        if fits < 2:
-            raise ValueError(f"the KV pool ({num_pages} pages of {c.page_size} tokens) cannot hold a prompt token, "
-                             f"a generated token and {self.proposer.lookahead} lookahead slots: raise num_pages "
-                             f"or kv_cache_memory")
-        self.max_model_len = min(self.max_model_len, fits)
         if c.cuda_graphs:
             if self.device.type != "cuda":
                 raise ValueError(f"cuda_graphs needs a CUDA device, not {self.device.type!r}")

@@ -67,7 +67,9 @@ def planner_metadata(planner, seq_ids: Sequence[int], starts: Sequence[int], num
 
 
 def _use_native(num_tokens: int, device, native_attention: bool) -> bool:
-    return native_attention and num_tokens <= NATIVE_ATTENTION_MAX_TOKENS and torch.device(device).type == "cpu"
+    """Float32 CPU steps of any size take the native kernel's key ranges (per query token:
+    a token's attention does not depend on the rest of the step)."""
+    return native_attention and torch.device(device).type == "cpu"
 
 
 def _tree_args(trees):

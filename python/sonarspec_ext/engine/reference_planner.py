@@ -27,6 +27,9 @@ class ReferencePlanner:
     def _pages_for(self, slots: int) -> int:
         return -(-slots // self.page_size)
 
+    def _lookahead_room(self, num_slots: int, lookahead: int) -> int:
+        return max(0, min(lookahead, self.max_model_len - num_slots))
+
     def add_request(self, seq_id: int, num_tokens: int) -> None:
         if seq_id in self.seqs:
             raise ValueError(f"sequence id {seq_id} is already in use")
@@ -87,7 +90,8 @@ class ReferencePlanner:
             if n <= 0:
                 i += 1
                 continue
-            slots = s["num_computed"] + n + (lookahead if s["num_computed"] + n == s["num_tokens"] else 0)
+            end = s["num_computed"] + n
+            slots = end + (self._lookahead_room(end, lookahead) if end == s["num_tokens"] else 0)
             ok = self._grow(s, slots)
             while not ok and self.running[-1] != sid:
                 victim = self.running[-1]
@@ -108,7 +112,8 @@ class ReferencePlanner:
             sid = self.waiting[0]
             s = self.seqs[sid]
             n = min(s["num_tokens"] - s["num_computed"], budget)
-            slots = s["num_computed"] + n + (lookahead if s["num_computed"] + n == s["num_tokens"] else 0)
+            end = s["num_computed"] + n
+            slots = end + (self._lookahead_room(end, lookahead) if end == s["num_tokens"] else 0)
             if not self._grow(s, slots):
                 break
             self.waiting.popleft()

@@ -117,10 +117,14 @@ class ModelRunner:
         if graphed is not None:   # a graph's static outputs: copied out before its next replay
             hidden, logits = graphed
             return logits.clone() if hidden_indices is None else (logits.clone(), hidden[hidden_indices].clone())
-        small = uses_native_gemm(input_ids.numel(), input_ids.device, self.dtype, self.compact)
+        # float32 CPU steps run natively whatever their size (the stack takes them in slices);
+        # the rest runs torch's kernels with torch's threads
+        native = meta.native is not None and self.device.type == "cpu" and self.dtype == torch.float32
+        stack = self.stack() if native else None
+        small = stack is not None or uses_native_gemm(input_ids.numel(), input_ids.device, self.dtype, self.compact)
         extra = () if features is None else (features,)
         with native_gemm_threads() if small else torch_gemm_threads():
-            attn = TorchPagedAttention(self.kv_cache, meta, self.stack() if small else None)
+            attn = TorchPagedAttention(self.kv_cache, meta, stack)
             hidden = self.model(input_ids, positions, attn, *extra)
             logits = self.model.compute_logits(hidden[logits_indices])
         if hidden_indices is None:

@@ -84,7 +84,7 @@ def load_state(path: str, expected: Dict[str, torch.Size], dtype: torch.dtype,
                         raise CheckpointError(f"{fname}: tensor {name!r} has shape {list(shape)}, "
                                               f"expected {list(expected[name])}")
                     t = f.get_tensor(name)
-                    if not t.dtype.is_floating_point:
+                    if not t.dtype.is_floating_point and name.endswith(("weight", "bias")):
                         raise CheckpointError(f"{fname}: tensor {name!r} has dtype {t.dtype}; only float tensors "
                                               f"load from safetensors (quantized weights: use a GGUF file)")
                     keep = keep_bf16_matrices and t.dtype == torch.bfloat16 and t.dim() == 2

@@ -74,15 +74,20 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 
     float32 CPU inputs with few rows and no autograd use the register-blocked native kernel
     (float32 weights: up to ``SMALL_M_MAX_ROWS`` rows; bfloat16 weights: up to
-    ``COMPACT_MAX_ROWS``); bfloat16/float16 CUDA tensors use the CUTLASS GEMM with 64-row
-    tiles when the build has it (in_features and out_features multiples of 8); everything
+    ``COMPACT_MAX_ROWS``; under ``torch.inference_mode``, any number of rows);
+    bfloat16/float16 CUDA tensors use the CUTLASS GEMM with 64-row tiles when the build
+    has it (in_features and out_features multiples of 8); everything
     else goes to ``F.linear``. bfloat16 weights with float32 activations always compute
     as the native kernel does: activations rounded to bfloat16, products summed in
     float32 (``F.linear`` on the widened operands beyond the native row counts). A bias
     that is not (out_features,) broadcasts (or fails) as ``F.linear`` decides."""
     rows = x.numel() // x.shape[-1] if x.dim() else 0
     compact = weight.dtype == torch.bfloat16
-    if (uses_native_gemm(rows, x.device, x.dtype, compact) and weight.dtype in (torch.float32, torch.bfloat16)
+    # inference runs every row count natively: each row's result is the one it gets alone
+    # (F.linear rounds large batches differently), so a batch never changes a request's tokens
+    native_rows = uses_native_gemm(rows, x.device, x.dtype, compact) or (
+        rows > 0 and torch.is_inference_mode_enabled() and uses_native_gemm(1, x.device, x.dtype, compact))
+    if (native_rows and weight.dtype in (torch.float32, torch.bfloat16)
             and weight.dim() == 2 and weight.shape[1] == x.shape[-1] and weight.is_contiguous()
             and weight.device == x.device
             and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.device == x.device

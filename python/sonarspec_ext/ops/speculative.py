@@ -31,7 +31,7 @@ def chain_speculative_sampling(draft_probs: Optional[torch.Tensor], draft_token_
 
     draft_probs: (batch_size, num_draft_tokens, vocab_size) float32 - the distribution each
     draft was drawn from - or None for point-mass drafts (a greedy drafter; no one-hot rows
-    needed); draft_token_ids: (batch_size, num_draft_tokens) int64; target_probs:
+    needed); draft_token_ids: (batch_size, num_draft_tokens) int64 or int32; target_probs:
     (batch_size, num_draft_tokens + 1, vocab_size) float32, the processed target
     distributions; uniforms: (batch_size, num_draft_tokens + 1) float64 in [0, 1), drawn
     from ``generator`` when not given.
@@ -49,7 +49,8 @@ def chain_speculative_sampling(draft_probs: Optional[torch.Tensor], draft_token_
     dev = target_probs.device
     B, K1, V = target_probs.shape
     K = K1 - 1
-    check_tensor("draft_token_ids", draft_token_ids, dtypes=(torch.int64,), ndim=2, device=dev)
+    check_tensor("draft_token_ids", draft_token_ids, dtypes=(torch.int64, torch.int32), ndim=2, device=dev)
+    draft_token_ids = draft_token_ids.long()   # FlashInfer passes int32 ids
     if tuple(draft_token_ids.shape) != (B, K):
         raise ValueError(f"draft_token_ids has shape {list(draft_token_ids.shape)}, expected [{B}, {K}] "
                          f"(target_probs has {K1} positions)")
