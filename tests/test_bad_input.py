@@ -181,3 +181,9 @@ def test_finished_request_statistics_stay_bounded(llama_dir):
     assert len(json.dumps(vars(llm.engine.finished))) <= before + 8
     s = llm.stats()
     assert s["num_requests"] == 55 and s["num_output_tokens"] == 110 and s["finish_reasons"] == {"length": 55}
+
+
+def test_invalid_tokenizer_config_is_a_checkpoint_error(model_copy):
+    open(os.path.join(model_copy, "tokenizer_config.json"), "w").write("{broken")
+    with pytest.raises(CheckpointError, match="tokenizer_config.json: not valid JSON"):
+        LLM(model_copy)

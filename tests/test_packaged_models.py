@@ -21,7 +21,8 @@ def test_assets_resolve_and_fit_the_size_budget():
         info = json.load(open(os.path.join(d, "training.json")))
         assert info["tokens_seen"] > 0 and info["val_loss"] < 4.5  # uniform guessing: ln(8192) = 9.0
     assert total <= 60 * 2 ** 20
-    assert Tokenizer.from_dir(assets.path("target")).fingerprint() == Tokenizer.from_dir(assets.path("draft")).fingerprint()
+    target, draft = (Tokenizer.from_dir(assets.path(n)) for n in ("target", "draft"))
+    assert target.fingerprint() == draft.fingerprint()
 
 
 def test_packaged_target_matches_transformers():

@@ -173,6 +173,7 @@ void bind_planner(py::module_& m) {
       .def_property_readonly("num_waiting", &Planner::num_waiting)
       .def_property_readonly("num_running", &Planner::num_running)
       .def_property_readonly("page_size", [](const Planner& p) { return p.config().page_size; })
+      .def_property_readonly("max_model_len", [](const Planner& p) { return p.config().max_model_len; })
       .def("build_metadata", &planner_metadata, py::arg("seq_ids"), py::arg("starts"), py::arg("num_query"),
            py::arg("trees"), py::arg("sliding_window"), py::arg("want_mask"),
            "_C.build_metadata over the planner's own page tables (rows given as int64 arrays).");

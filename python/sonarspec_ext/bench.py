@@ -150,7 +150,8 @@ def bench_decode(model_dir: Optional[str] = None, batch_sizes: List[int] = (1, 8
         row["floor_fraction"] = round(row["sonarspec_tok_s"] / row["batch_size"] / floor, 3)
     info = {"model": "synthetic-30m" if tmp else model_dir, "num_params": llm.engine.model_config.num_params,
             "dtype": "float32", "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "weight_dtype": str(llm.engine.model.lm_head.weight.dtype).replace("torch.", ""), "weight_bytes": wbytes, "read_bandwidth_gbs": round(gbs, 2), "floor_tok_s": round(floor, 1),
+            "weight_dtype": str(llm.engine.model.lm_head.weight.dtype).replace("torch.", ""),
+            "weight_bytes": wbytes, "read_bandwidth_gbs": round(gbs, 2), "floor_tok_s": round(floor, 1),
             "repeats": repeats, "results": rows}
     if tmp:
         tmp.cleanup()

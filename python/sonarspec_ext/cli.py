@@ -174,7 +174,8 @@ def _add_train_mtp(sub) -> None:
                    help="dtype of the exported head's tensors (engine validation runs on the exported head)")
     t.add_argument("--eval-every", type=positive_int, default=100)
     t.add_argument("--draft-vocab", type=int, default=0,
-                   help="propose only the N most frequent training tokens (cheaper drafting; 0: all)")
+                   help="propose only the N most frequent training tokens, and train the cross-entropy over them "
+                        "(cheaper drafting and training; 0: all)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--resume", action="store_true")
     t.set_defaults(func=_train_mtp)

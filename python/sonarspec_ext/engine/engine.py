@@ -85,7 +85,8 @@ class Engine:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but torch sees no CUDA device")
         self.dtype = parse_dtype(dtype)
-        self.model = load_model(model_dir, self.dtype, self.device, compact_weights=self.config.compact_weights)
+        self.model = load_model(model_dir, self.dtype, self.device,
+                                compact_weights=self.config.compact_weights)
         self.model_config: ModelConfig = self.model.config
         self.tokenizer = load_tokenizer(model_dir)
         eos = list(self.model_config.eos_token_ids)

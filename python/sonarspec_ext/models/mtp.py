@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import AttentionBackend
@@ -119,6 +120,17 @@ class MTPHead(nn.Module):
         out = features.new_full((features.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)
         out[:, self.draft_vocab] = padded_linear(features, self._draft_lm_head).float()
         return out
+
+    def training_logits(self, features: torch.Tensor, vocab_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(n, hidden) -> float32 logits over ``vocab_ids`` (all tokens when None) for
+        training: the lm_head rows are gathered and widened to float32 once and kept (the
+        lm_head is frozen), so each step pays only the matrix products."""
+        w = self._shared[1].weight
+        key = (w.data_ptr(), None if vocab_ids is None else (vocab_ids.data_ptr(), vocab_ids.numel()))
+        if getattr(self, "_train_lm_head_key", None) != key:
+            rows = w.detach() if vocab_ids is None else w.detach()[vocab_ids.to(w.device)]
+            self._train_lm_head, self._train_lm_head_key = rows.float().contiguous(), key
+        return F.linear(features.float(), self._train_lm_head)
 
     def fuse_projections(self) -> None:
         self.layer.self_attn.fuse()

@@ -42,10 +42,13 @@ class EagleTreeProposer(MTPProposer):
             return []
         nodes = self.nodes_for_batch(len(seqs))
         states = [self.state[s.seq_id] for s in seqs]
-        builders = [TreeBuilder(s.all_ids[-1], self.top_k, nodes, min(k, nodes), self.paths)
-                    for s, k in zip(seqs, ks)]
+        # a tree's candidates take up to ``lookahead`` KV slots past the sequence: in the last
+        # slots of the context (the planner reserves none past it) the sequence decodes plainly
+        fits = [self.planner.max_model_len - s.num_tokens >= self.lookahead for s in seqs]
+        builders = [TreeBuilder(s.all_ids[-1], self.top_k, nodes, min(k, nodes) if ok else 0, self.paths)
+                    for s, k, ok in zip(seqs, ks, fits)]
         self._add_children(builders, [[-1] for _ in seqs], torch.stack([st.logits for st in states]))
-        for depth in range(1, max(ks, default=0)):
+        for depth in range(1, max(b.depth for b in builders)):
             expand = [b.to_expand(depth) for b in builders]
             if not any(expand):
                 break

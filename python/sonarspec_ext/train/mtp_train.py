@@ -66,19 +66,22 @@ def unrolled_features(head: MTPHead, tokens: torch.Tensor, hidden: torch.Tensor,
 
 
 def head_loss(head: MTPHead, tokens: torch.Tensor, hidden: torch.Tensor, unroll: int, ce_weight: float,
-              noise: float = 0.0, generator: Optional[torch.Generator] = None):
-    """tokens (B, T), hidden (B, T, H) -> (total loss, [per-step (feature loss, CE, top-1 acc)])."""
+              noise: float = 0.0, generator: Optional[torch.Generator] = None,
+              vocab_ids: Optional[torch.Tensor] = None):
+    """tokens (B, T), hidden (B, T, H) -> (total loss, [per-step (feature loss, CE, top-1 acc)]).
+    ``vocab_ids``: the soft cross-entropy (and top-1) over these tokens only - the draft
+    vocabulary the head will propose from - with the teacher renormalised over them."""
     B, T = tokens.shape
     T1, H = T - 1, hidden.shape[-1]
     target = hidden[:, 1:].reshape(-1, H)                             # h_{i+1}
     with torch.no_grad():
-        teacher = head.compute_logits(target).log_softmax(-1)
+        teacher = head.training_logits(target, vocab_ids).log_softmax(-1)
     total, parts = 0.0, []
     for k, out in enumerate(unrolled_features(head, tokens, hidden, unroll, noise, generator), start=1):
         rows = valid_rows(k, T1).expand(B, T1).reshape(-1)
         o = out.reshape(-1, H)[rows]
         feat_loss = F.smooth_l1_loss(o, target[rows])
-        logp = head.compute_logits(o).log_softmax(-1)
+        logp = head.training_logits(o, vocab_ids).log_softmax(-1)
         tp = teacher[rows]
         ce = -(tp.exp() * logp).sum(-1).mean()
         total = total + 0.8 ** (k - 1) * (feat_loss + ce_weight * ce)
@@ -88,14 +91,14 @@ def head_loss(head: MTPHead, tokens: torch.Tensor, hidden: torch.Tensor, unroll:
 
 
 @torch.no_grad()
-def evaluate(head: MTPHead, val: FeatureSet, cfg: TrainConfig) -> dict:
+def evaluate(head: MTPHead, val: FeatureSet, cfg: TrainConfig, vocab_ids: Optional[torch.Tensor] = None) -> dict:
     head.eval()
     n = min(len(val), cfg.eval_windows)
     sums = None
     for lo in range(0, n, cfg.batch_size):
         idx = torch.arange(lo, min(n, lo + cfg.batch_size))
         tokens, hidden = val.get(idx)
-        loss, parts = head_loss(head, tokens, hidden, cfg.unroll, cfg.ce_weight)
+        loss, parts = head_loss(head, tokens, hidden, cfg.unroll, cfg.ce_weight, vocab_ids=vocab_ids)
         row = [len(idx) * x for x in [float(loss)] + [x for p in parts for x in p]]
         sums = row if sums is None else [a + b for a, b in zip(sums, row)]
     head.train()
@@ -104,9 +107,11 @@ def evaluate(head: MTPHead, val: FeatureSet, cfg: TrainConfig) -> dict:
 
 
 def train_head(head: MTPHead, train: FeatureSet, val: FeatureSet, cfg: TrainConfig, work_dir: str,
-               resume: bool = False, log: Callable[[str], None] = print) -> dict:
+               resume: bool = False, log: Callable[[str], None] = print,
+               vocab_ids: Optional[torch.Tensor] = None) -> dict:
     """Trains ``head`` (bound to its frozen target) and returns the history; checkpoints to
-    ``work_dir/checkpoint.pt`` and continues from it with ``resume``."""
+    ``work_dir/checkpoint.pt`` and continues from it with ``resume``. ``vocab_ids``: the
+    cross-entropy's token set (see ``head_loss``)."""
     os.makedirs(work_dir, exist_ok=True)
     ckpt = os.path.join(work_dir, "checkpoint.pt")
     params = [p for p in head.parameters() if p.requires_grad]
@@ -132,7 +137,7 @@ def train_head(head: MTPHead, train: FeatureSet, val: FeatureSet, cfg: TrainConf
         tokens, hidden = train.get(idx)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        loss, parts = head_loss(head, tokens, hidden, cfg.unroll, cfg.ce_weight, cfg.noise, g)
+        loss, parts = head_loss(head, tokens, hidden, cfg.unroll, cfg.ce_weight, cfg.noise, g, vocab_ids)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -144,7 +149,7 @@ def train_head(head: MTPHead, train: FeatureSet, val: FeatureSet, cfg: TrainConf
         bar.update(1)
         done = step + 1 == cfg.max_steps
         if (step + 1) % cfg.eval_every == 0 or done:
-            ev = evaluate(head, val, cfg)
+            ev = evaluate(head, val, cfg, vocab_ids)
             history["val"].append({"step": step + 1, **ev})
             bar.write(f"step {step + 1}: val loss {ev['loss']:.4f}, top-1 per step "
                       + " ".join(f"{a:.3f}" for a in ev["top1"]))

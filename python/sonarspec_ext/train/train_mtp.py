@@ -109,13 +109,14 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     head_cfg = copy.deepcopy(target.config)
     head_cfg.num_hidden_layers = 1
     head = MTPHead(head_cfg, layout).bind(target)
-    history = train_head(head, train_fs, val_fs, cfg, os.path.join(work, f"train-{layout}"), resume, log)
-    head.eval()
-    coverage = None
-    if draft_vocab_size:
+    ids = coverage = None
+    if draft_vocab_size:   # the head proposes from these tokens only, so it is trained over them
         ids, coverage = frequent_tokens(train_win, target.config.vocab_size, draft_vocab_size)
-        head.set_draft_vocab(ids)
         log(f"draft vocabulary: the {len(ids)} most frequent tokens cover {coverage:.1%} of the training tokens")
+    history = train_head(head, train_fs, val_fs, cfg, os.path.join(work, f"train-{layout}"), resume, log, ids)
+    head.eval()
+    if ids is not None:
+        head.set_draft_vocab(ids)
     info = {"target_fingerprint": fp, "tokenizer_fingerprint": tok_fp, "layout": layout, "data": list(data),
             "seq_len": seq_len, "train_windows": len(train_win), "val_windows": len(val_win),
             "train": history["config"], "final_val": history["val"][-1] if history["val"] else None,
