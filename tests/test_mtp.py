@@ -247,3 +247,15 @@ def test_heads_for_biased_and_sliding_window_targets_at_the_context_limit(fixtur
     for k in (1, 3):
         llm = LLM(target, spec=SpecConfig(method="mtp", draft=head, num_draft_tokens=k), max_model_len=40)
         assert [o.token_ids for o in llm.generate(ps, params)] == ref
+
+
+def test_a_packaged_head_is_found_by_its_target_fingerprint(llama_dir, heads, monkeypatch):
+    """find_mtp_head (SpecConfig(draft="default"), --spec auto) picks a packaged head only
+    for the exact checkpoint it was trained on."""
+    from sonarspec_ext.models.loader import checkpoint_fingerprint
+    from sonarspec_ext.spec import factory
+    monkeypatch.setattr(factory, "HEADS", ("h",))
+    monkeypatch.setattr(factory, "installed_head", lambda name: (heads["trained"], checkpoint_fingerprint(llama_dir)))
+    assert factory.find_mtp_head(llama_dir) == heads["trained"]
+    monkeypatch.setattr(factory, "installed_head", lambda name: (heads["trained"], "another target"))
+    assert factory.find_mtp_head(llama_dir) is None

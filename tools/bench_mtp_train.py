@@ -47,8 +47,9 @@ def main() -> None:
     target_dir = resolve(args.target, "target")
     target, tok = load_model(target_dir), load_tokenizer(target_dir)
     train_txt, _ = read_corpus(args.data)
-    win = windows(tokenize(tok, train_txt, tok.eos_token_id), args.seq_len, 4 * args.batch_size)
-    ids, coverage = frequent_tokens(win, target.config.vocab_size, args.draft_vocab)
+    every = windows(tokenize(tok, train_txt, tok.eos_token_id), args.seq_len)
+    ids, coverage = frequent_tokens(every, target.config.vocab_size, args.draft_vocab)   # over all the data
+    win = every[:4 * args.batch_size]
     with tempfile.TemporaryDirectory() as work:
         fp = checkpoint_fingerprint(target_dir)
         compute_features(target, win, os.path.join(work, "f"), fp, tok.fingerprint(), "bfloat16", log=lambda *_: None)

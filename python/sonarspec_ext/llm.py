@@ -97,8 +97,8 @@ class LLM:
                     finished = seq.finished
                     text = self.engine.text_so_far(seq)
                 if not finished:
-                    text = text[:len(text) - stop_prefix_len(text.rstrip("\ufffd"), seq.params.stop)]
                     text = text.rstrip("\ufffd")  # hold back an incomplete UTF-8 character
+                    text = text[:len(text) - stop_prefix_len(text, seq.params.stop)]
                 if len(text) > seq.num_emitted_chars:
                     yield text[seq.num_emitted_chars:]
                     seq.num_emitted_chars = len(text)

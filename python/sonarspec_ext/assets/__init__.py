@@ -6,6 +6,7 @@ import importlib.util
 import os
 
 NAMES = ("target", "draft", "mtp")
+HEADS = ("smollm2_mtp",)   # packaged MTP heads of installable models, matched by target fingerprint
 
 # name -> (Python package that ships the file, file inside it, pip command that installs it)
 INSTALLED_MODELS = {
@@ -21,6 +22,18 @@ def path(name: str) -> str:
     if not os.path.isfile(os.path.join(d, "config.json")):
         raise FileNotFoundError(f"packaged model {name!r} is not present in this installation ({d})")
     return d
+
+
+def installed_head(name: str):
+    """(directory, target fingerprint) of a packaged head for an installable model, or None
+    when this installation does not hold it."""
+    import json
+    d = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    try:
+        with open(os.path.join(d, "training.json")) as fh:
+            return d, json.load(fh)["target_fingerprint"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def installed_model(name: str) -> str:

@@ -201,7 +201,7 @@ class Engine:
 
     def _fail_step(self, error: BaseException) -> None:
         log.error("engine step failed (%s: %s); its %d request(s) finish with an error", type(error).__name__,
-                  error, len(self._step_seq_ids))
+                  error, len(self._step_seq_ids), exc_info=error)
         if self._next_plan is not None:
             try:
                 self._next_plan.wait()

@@ -4,9 +4,9 @@ from __future__ import annotations
 import os
 from typing import Optional, Tuple
 
-from ..assets import path as asset_path, resolve
+from ..assets import HEADS, installed_head, path as asset_path, resolve
 from ..models.config import ModelConfig
-from ..models.loader import load_config, load_tokenizer, weight_files
+from ..models.loader import checkpoint_fingerprint, load_config, load_tokenizer, weight_files
 from ..models.mtp_loader import detect_format, head_config, load_mtp_head
 from ..models.tokenizer import Tokenizer
 from ..params import SpecConfig
@@ -43,7 +43,9 @@ def resolve_draft(spec: SpecConfig, target_dir: str, target_tokenizer: Tokenizer
 
 def find_mtp_head(target_dir: str) -> Optional[str]:
     """The MTP head that goes with a target: an MTP layer inside its checkpoint
-    (DeepSeek-V3 style), else - for the packaged target - the packaged head, else None."""
+    (DeepSeek-V3 style), else - for the packaged target - the packaged head, else a
+    packaged head trained for exactly this checkpoint (its ``training.json`` records the
+    target's fingerprint; SmolLM2's), else None."""
     try:
         detect_format(weight_files(target_dir))
         return target_dir
@@ -54,6 +56,15 @@ def find_mtp_head(target_dir: str) -> Optional[str]:
             return asset_path("mtp")
     except FileNotFoundError:
         pass
+    heads = [h for h in (installed_head(name) for name in HEADS) if h is not None]
+    if heads:
+        try:
+            fp = checkpoint_fingerprint(target_dir)
+        except (ValueError, OSError):
+            return None
+        for head_dir, head_fp in heads:
+            if head_fp == fp:
+                return head_dir
     return None
 
 
