@@ -178,6 +178,30 @@ def test_bad_gguf_files_give_clear_errors(tiny_dir, tmp_path):
     assert len(out.token_ids) == 4
 
 
+def test_per_layer_head_counts_are_refused(tiny_dir, tmp_path):
+    path = str(tmp_path / "plain.gguf")
+    write_gguf(tiny_dir, path)
+    r = gguf.GGUFReader(path)
+    w = gguf.GGUFWriter(str(tmp_path / "per_layer.gguf"), "llama")
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        if k == "llama.attention.head_count_kv":
+            w.add_array(k, [2, 2])
+        elif f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(k, f.contents())
+        else:
+            w.add_key_value(k, f.contents(), f.types[0])
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(CheckpointError, match="non-scalar"):
+        load_config(str(tmp_path / "per_layer.gguf"))
+
+
 def test_model_name_smollm2_when_not_installed(monkeypatch):
     import importlib.util
     from sonarspec_ext import assets

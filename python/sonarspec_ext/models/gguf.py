@@ -104,6 +104,15 @@ class GGUFCheckpoint:
 
     def config(self) -> ModelConfig:
         self._check_architecture()
+        try:
+            return self._config()
+        except (TypeError, ValueError) as e:
+            if isinstance(e, CheckpointError):
+                raise
+            raise CheckpointError(f"{self.path}: unsupported or invalid metadata ({e}); per-layer head counts "
+                                  f"and other non-scalar fields are not supported") from None
+
+    def _config(self) -> ModelConfig:
         hf_arch, _ = ARCHITECTURES[self.arch]
         hidden = int(self._arch_field("embedding_length", required=True))
         heads = int(self._arch_field("attention.head_count", required=True))
