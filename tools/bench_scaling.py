@@ -1,0 +1,84 @@
+#!/usr/bin/env python
+"""Plain decoding of one model: total throughput against batch size, and one decode
+step's time against context length; JSON and a PNG with both curves.
+
+    python tools/bench_scaling.py [--model smollm2] [--batch-sizes 1 2 4 8 16]
+                                  [--contexts 128 512 1024 2048 3072] [--json PATH] [--plot PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from sonarspec_ext import LLM, SamplingParams
+from sonarspec_ext.bench import median_us
+
+
+def throughput(llm: LLM, batch: int, max_tokens: int, repeats: int) -> float:
+    g = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(100, 40000, (batch, 32), generator=g).tolist()
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts, params)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        llm.generate(prompts, params)
+        times.append(time.perf_counter() - t0)
+    return batch * max_tokens / statistics.median(times)
+
+
+def decode_step_us(llm: LLM, context: int) -> float:
+    """One-token forward at position ``context`` of a sequence (keys already in the pool)."""
+    runner = llm.engine.runner
+    table = list(range(context // runner.kv_cache.page_size + 2))
+    meta, pos = runner.metadata([(context, 1, table)])
+    ids, rows = torch.tensor([1000]), torch.arange(1)
+    return median_us(lambda: runner.forward(ids, pos, meta, rows), 10, 2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 1024, 2048, 3072])
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None)
+    args = ap.parse_args()
+    llm = LLM(args.model, kv_cache_memory=1 << 30, max_num_seqs=max(args.batch_sizes))
+    batch = [{"batch_size": b, "tok_s": round(throughput(llm, b, args.max_tokens, args.repeats), 1)}
+             for b in args.batch_sizes]
+    for r in batch:
+        r["vs_batch_1"] = round(r["tok_s"] / batch[0]["tok_s"], 2)
+        print(f"batch {r['batch_size']:3d}: {r['tok_s']:8.1f} tok/s  ({r['vs_batch_1']:.2f}x the first)")
+    context = [{"context": c, "decode_us": round(decode_step_us(llm, c), 1)} for c in args.contexts]
+    for r in context:
+        r["tok_s"] = round(1e6 / r["decode_us"], 1)
+        r["vs_first"] = round(context[0]["decode_us"] / r["decode_us"], 3)
+        print(f"context {r['context']:5d}: decode step {r['decode_us']:9.1f} us = {r['tok_s']:6.1f} tok/s "
+              f"({r['vs_first']:.2f}x the speed at {context[0]['context']})")
+    info = {"model": llm.engine.model_config.architecture, "source": args.model, "threads": torch.get_num_threads(),
+            "kv_dtype": str(llm.engine.kv_cache.k.dtype).replace("torch.", ""), "batch": batch, "context": context}
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(info, fh, indent=1)
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+        a.plot([r["batch_size"] for r in batch], [r["tok_s"] for r in batch], "o-")
+        a.set_xlabel("batch size"), a.set_ylabel("tokens/s (all sequences)"), a.set_title("plain decoding throughput")
+        b.plot([r["context"] for r in context], [r["tok_s"] for r in context], "o-")
+        b.set_xlabel("context length"), b.set_ylabel("tokens/s (one sequence)"), b.set_title("decode speed vs context")
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
