@@ -14,7 +14,7 @@ NATIVE_MAX_ROWS = 64
 def _native(x: torch.Tensor, *others: torch.Tensor) -> bool:
     return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() >= 1
             and x.numel() <= NATIVE_MAX_ROWS * x.shape[-1] and x.is_contiguous()
-            and all(t.dtype == torch.float32 and t.is_contiguous() for t in others)
+            and all(t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu" for t in others)
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in (x,) + others)))
 
 

@@ -157,6 +157,7 @@ def padded_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch
     if (uses_native_gemm(rows, x.device, x.dtype, compact) and rows <= NATIVE_MAX_ROWS
             and down_weight.dtype in (torch.float32, torch.bfloat16)
             and gate_up_weight.is_contiguous() and down_weight.is_contiguous()
+            and gate_up_weight.device == x.device and down_weight.device == x.device
             and not (torch.is_grad_enabled() and (x.requires_grad or gate_up_weight.requires_grad
                                                   or down_weight.requires_grad))):
         xc = x.contiguous()
