@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Plain decoding of one model: total throughput against batch size, and one decode
-step's time against context length; JSON and a PNG with both curves.
+"""Plain decoding of one model: total decoding throughput (prefill excluded) against batch
+size, one decode step's time against context length (JSON and a PNG with both curves),
+and prefill speed.
 
-    python tools/bench_scaling.py [--model smollm2] [--batch-sizes 1 2 4 8 16]
+    python tools/bench_scaling.py [--model smollm2] [--batch-sizes 1 2 4 8 16] [--prefill 64 256 1024]
                                   [--contexts 128 512 1024 2048 3072] [--json PATH] [--plot PATH]
 """
 from __future__ import annotations
@@ -19,16 +20,34 @@ from sonarspec_ext.bench import median_us
 
 
 def throughput(llm: LLM, batch: int, max_tokens: int, repeats: int) -> float:
+    """Decoding tokens/s of ``batch`` sequences together, prefill excluded: the median time
+    of generating ``max_tokens`` minus that of generating one (which is mostly the prefill)."""
     g = torch.Generator().manual_seed(batch)
     prompts = torch.randint(100, 40000, (batch, 32), generator=g).tolist()
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    llm.generate(prompts, params)
+
+    def run(n):
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        llm.generate(prompts, params)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            llm.generate(prompts, params)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    return batch * (max_tokens - 1) / (run(max_tokens) - run(1))
+
+
+def prefill_tok_s(llm: LLM, n: int, repeats: int) -> float:
+    """Prompt tokens/s of one ``n``-token prompt (one generated token)."""
+    prompt = torch.randint(100, 40000, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    llm.generate([prompt], params)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        llm.generate(prompts, params)
+        llm.generate([prompt], params)
         times.append(time.perf_counter() - t0)
-    return batch * max_tokens / statistics.median(times)
+    return n / statistics.median(times)
 
 
 def decode_step_us(llm: LLM, context: int) -> float:
@@ -45,6 +64,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 1024, 2048, 3072])
+    ap.add_argument("--prefill", type=int, nargs="+", default=[64, 256, 1024], help="prompt lengths")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None)
@@ -62,7 +82,10 @@ def main() -> None:
         r["vs_first"] = round(context[0]["decode_us"] / r["decode_us"], 3)
         print(f"context {r['context']:5d}: decode step {r['decode_us']:9.1f} us = {r['tok_s']:6.1f} tok/s "
               f"({r['vs_first']:.2f}x the speed at {context[0]['context']})")
-    info = {"model": llm.engine.model_config.architecture, "source": args.model, "threads": torch.get_num_threads(),
+    prefill = [{"prompt_tokens": n, "tok_s": round(prefill_tok_s(llm, n, args.repeats), 1)} for n in args.prefill]
+    for r in prefill:
+        print(f"prefill {r['prompt_tokens']:5d} tokens: {r['tok_s']:7.1f} tok/s")
+    info = {"model": llm.engine.model_config.architecture, "prefill": prefill, "source": args.model, "threads": torch.get_num_threads(),
             "kv_dtype": str(llm.engine.kv_cache.k.dtype).replace("torch.", ""), "batch": batch, "context": context}
     if args.json:
         with open(args.json, "w") as fh:
