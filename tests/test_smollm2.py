@@ -129,6 +129,21 @@ def test_speculation_is_lossless_on_smollm2(path):
     assert spec.stats()["num_draft_tokens"] > 0
 
 
+def test_packaged_mtp_head_is_picked_and_lossless(path):
+    """SpecConfig(method="mtp") finds SmolLM2's packaged head by the file's fingerprint;
+    chains of 1 and 3 drafts give plain greedy decoding's tokens, and drafts are accepted."""
+    from sonarspec_ext.spec.factory import find_mtp_head
+    head = find_mtp_head(path)
+    if head is None:
+        pytest.skip("this installation has no packaged SmolLM2 head")
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    plain = LLM(path, kv_cache_memory=64 << 20).chat(CONVERSATIONS, params)
+    for k in (1, 3):
+        spec = LLM(path, spec=SpecConfig(method="mtp", num_draft_tokens=k), kv_cache_memory=64 << 20)
+        assert [o.token_ids for o in spec.chat(CONVERSATIONS, params)] == [o.token_ids for o in plain]
+        assert spec.stats()["num_accepted_tokens"] > 0
+
+
 def test_chat_errors_are_clear(llm):
     with pytest.raises(ChatTemplateError, match="role must be one of"):
         llm.chat([{"role": "wizard", "content": "hi"}])
