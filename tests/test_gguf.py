@@ -218,3 +218,50 @@ def test_files_that_are_not_gguf_are_not_taken_for_one(tmp_path):
     with pytest.raises(CheckpointError, match="not found"):
         load_model(str(f))
     assert os.path.exists(f)
+
+
+def test_sentencepiece_vocabulary_matches_transformers(tmp_path):
+    """A SentencePiece-style GGUF vocabulary (tokenizer.ggml.model "llama": scored pieces,
+    <0xNN> byte fallback) tokenizes as transformers' GGUF loader does; text with leading
+    spaces round-trips (llama.cpp's space prefix; transformers drops one leading space)."""
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+    pieces = ["\u2581the", "\u2581a", "he", "th", "\u2581t", "\u2581h", "ll", "llo", "\u2581hello", "\u2581wor", "ld",
+              "\u2581world", "or", "\u2581w", "\u2581", "e", "t", "h", "l", "o", "w", "r", "d", "a", "i", "s", "n",
+              "\u2581is", "in", "g"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    path = str(tmp_path / "spm.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(16)
+    w.add_feed_forward_length(32)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(pieces))])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    rng = np.random.default_rng(0)
+    for name, shape in [("token_embd.weight", (len(tokens), 16)), ("output_norm.weight", (16,)),
+                        ("blk.0.attn_norm.weight", (16,)), ("blk.0.ffn_norm.weight", (16,)),
+                        ("blk.0.attn_q.weight", (16, 16)), ("blk.0.attn_k.weight", (8, 16)),
+                        ("blk.0.attn_v.weight", (8, 16)), ("blk.0.attn_output.weight", (16, 16)),
+                        ("blk.0.ffn_gate.weight", (32, 16)), ("blk.0.ffn_up.weight", (32, 16)),
+                        ("blk.0.ffn_down.weight", (16, 32))]:
+        w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ours = load_tokenizer(path)
+    ref = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="spm.gguf")
+    for text in ["hello world", "the world is ing", "h\u00e9llo \U0001f916 w\u00f6rld", "a\nnew line"]:
+        ids = ours.encode(text)
+        assert ids == ref(text).input_ids and ids[0] == 1   # BOS added, as the file asks
+        assert ours.decode(ids) == ref.decode(ids, skip_special_tokens=True) == text
+    assert ours.decode(ours.encode("  two  spaces")) == "  two  spaces"
