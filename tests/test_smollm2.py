@@ -153,3 +153,14 @@ def test_chat_errors_are_clear(llm):
         llm.chat([])
     out = llm.chat([{"role": "user", "content": "Say hi."}], SamplingParams(max_tokens=4, temperature=0))[0]
     assert out.token_ids
+
+
+def test_cli_takes_the_heads_recommended_chain_length(path):
+    from sonarspec_ext.cli import _auto_spec, _recommended_draft_tokens
+    from sonarspec_ext.spec.factory import find_mtp_head
+    if find_mtp_head(path) is None:
+        pytest.skip("this installation has no packaged SmolLM2 head")
+    assert _auto_spec("smollm2") == "mtp"
+    assert _recommended_draft_tokens("smollm2", "mtp", "default") == 1
+    assert _recommended_draft_tokens("default", "mtp", "default") == 3      # the packaged tiny head records none
+    assert _recommended_draft_tokens("smollm2", "ngram", "default") == 3

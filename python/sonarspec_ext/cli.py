@@ -25,11 +25,27 @@ def _auto_spec(model: str) -> str:
     return "mtp" if find_mtp_head(resolve(model, "target")) is not None else "ngram"
 
 
+def _recommended_draft_tokens(model: str, method: str, draft: str) -> int:
+    """The chain length an MTP head's training.json recommends (measured best), else 3."""
+    import json
+    import os
+    from .assets import resolve
+    from .spec.factory import find_mtp_head
+    head = (find_mtp_head(resolve(model, "target")) if draft in (None, "default") else draft) \
+        if method in ("mtp", "eagle_tree") else None
+    try:
+        with open(os.path.join(head, "training.json")) as fh:
+            return int(json.load(fh).get("recommended_num_draft_tokens", 3))
+    except (TypeError, OSError, ValueError):
+        return 3
+
+
 def _make_llm(args):
     """The LLM and sampling parameters the model and speculation options describe."""
     from . import LLM, SamplingParams, SpecConfig
     method = _auto_spec(args.model) if args.spec == "auto" else args.spec
-    spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=args.num_draft_tokens,
+    k = args.num_draft_tokens or _recommended_draft_tokens(args.model, method, args.draft)
+    spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=k,
                       tree_top_k=args.tree_top_k, tree_num_nodes=args.tree_nodes)
     llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -71,7 +87,9 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
     p.add_argument("--spec", default="auto", choices=["auto", "none", "draft_target", "mtp", "eagle_tree", "ngram"],
                    help="auto: MTP when the model has a head (the packaged target does), else ngram")
     p.add_argument("--draft", default="default", help="draft model or MTP head dir ('default': packaged)")
-    p.add_argument("--num-draft-tokens", type=positive_int, default=3, help="chain length, or tree depth (eagle_tree)")
+    p.add_argument("--num-draft-tokens", type=positive_int, default=None,
+                   help="chain length, or tree depth (eagle_tree); default: the packaged head's measured best "
+                        "(training.json recommended_num_draft_tokens), else 3")
     p.add_argument("--tree-top-k", type=positive_int, default=None, help="eagle_tree: children per expanded node (4)")
     p.add_argument("--tree-nodes", type=positive_int, default=None, help="eagle_tree: draft nodes per tree (16)")
     p.add_argument("--max-tokens", type=positive_int, default=max_tokens, help="tokens to generate at most")
