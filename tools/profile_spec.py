@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Where a step's time goes, on the packaged models (batch 1, greedy, one prompt at a
+"""Where a step's time goes, on the packaged models or ``--model`` (batch 1, greedy, one prompt at a
 time): per scheme, the engine's time split per step and the wall time per step inside
 the native calls - the target's decoder stack, the target's lm_head, the drafter's
 refills (``rows_forward``), chains (``chain``) and refills run with their next chain
@@ -52,6 +52,7 @@ def _instrument() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="default", help="target: 'default' (packaged), 'smollm2', a dir or .gguf")
     ap.add_argument("--schemes", nargs="+", default=["plain", "mtp:3", "draft_target:2"])
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
@@ -61,7 +62,7 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     llms = {}
     for scheme in args.schemes:
-        llms[scheme] = LLM("default", spec=scheme_config(scheme))
+        llms[scheme] = LLM(args.model, spec=scheme_config(scheme))
         llms[scheme].generate(PROMPTS[:2], params)   # warm-up
     rows = collections.defaultdict(list)
     for _ in range(args.rounds):
