@@ -86,8 +86,8 @@ class DecoderStack {
                                  reinterpret_cast<float*>(out), num_threads);
   }
 
-  // io: embed, embed_bf16, lm_head, lm_head_bf16, lm_rows, block_table, max_pages, page_size, window.
-  using IOArgs = std::tuple<uintptr_t, bool, uintptr_t, bool, int64_t, uintptr_t, int64_t, int64_t, int64_t>;
+  // io: embed, embed_bf16, lm_head, lm_head_bf16, lm_rows, block_table, max_pages, page_size, window, embed_rows.
+  using IOArgs = std::tuple<uintptr_t, bool, uintptr_t, bool, int64_t, uintptr_t, int64_t, int64_t, int64_t, int64_t>;
 
   // sampling: (temperature, top_k, top_p, uniforms, probs) pointers, or all 0 for top tokens.
   void chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t positions,
@@ -145,7 +145,8 @@ class DecoderStack {
     io.max_pages = std::get<6>(a);
     io.page_size = std::get<7>(a);
     io.window = std::get<8>(a);
-    if (io.lm_rows <= 0 || batch <= 0 || io.page_size <= 0 || io.max_pages <= 0) {
+    io.embed_rows = std::get<9>(a);
+    if (io.lm_rows <= 0 || io.embed_rows < io.lm_rows || batch <= 0 || io.page_size <= 0 || io.max_pages <= 0) {
       throw std::invalid_argument("DecoderStack: invalid drafting sizes");
     }
     return io;

@@ -17,6 +17,7 @@ struct StackIO {
   const void* lm_head = nullptr;  // (lm_rows, hidden)
   bool lm_head_bf16 = false;
   int64_t lm_rows = 0;
+  int64_t embed_rows = 0;  // rows of embed: input tokens must lie below (>= lm_rows for chains)
   const int64_t* block_table = nullptr;  // (batch, max_pages): row b holds sequence b's pages
   int64_t batch = 0, max_pages = 0, page_size = 0;
   int64_t window = 0;  // sliding window (0: none): keys [max(0, p + 1 - window), p + 1)

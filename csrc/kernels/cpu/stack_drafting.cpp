@@ -41,7 +41,9 @@ struct Step {
     if (p < 0 || page >= io.max_pages) {
       throw std::out_of_range("position " + std::to_string(p) + " is outside the block table");
     }
-    if (token < 0 || token >= io.lm_rows) throw std::out_of_range("token " + std::to_string(token) + " out of range");
+    if (token < 0 || token >= io.embed_rows) {
+      throw std::out_of_range("token " + std::to_string(token) + " out of range");
+    }
     pos[t] = p;
     seq[t] = row;
     slots[t] = io.block_table[row * io.max_pages + page] * io.page_size + p % io.page_size;

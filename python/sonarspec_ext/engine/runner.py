@@ -65,11 +65,20 @@ class ModelRunner:
         return self.forward(ids_t, positions, meta, last_t,
                             hidden_indices=None if features is None else last_t, features=features)
 
+    def _refill_io(self):
+        """(embedding, lm_head rows, token ids of those rows or None) for native re-runs."""
+        refill_io = getattr(self.model, "refill_io", None)
+        if refill_io is not None:
+            return refill_io()
+        io = self.model.drafting_io()
+        return None if io is None else (*io, None)
+
     def _native_inputs(self, rows):
-        """(stack, (embed, lm_head), block table, token ids, starts, lengths) for drafting
-        over rows natively (``ops.stack_drafting``) when the model runs as a stack and the
-        rows are a small step; else None."""
-        io = self.model.drafting_io() if self.device.type == "cpu" and self.graphs is None else None
+        """(stack, (embed, lm_head rows), row token ids or None, block table, token ids,
+        starts, lengths) for re-running rows natively (``ops.stack_drafting``) when the
+        model runs as a stack and the rows are a small step; else None."""
+        full = self._refill_io() if self.device.type == "cpu" and self.graphs is None else None
+        io, row_ids = (None, None) if full is None else (full[:2], full[2])
         num_tokens = sum(len(toks) for _, toks, _ in rows)
         stack = self.stack() if io is not None and num_tokens <= NATIVE_ATTENTION_MAX_TOKENS else None
         if stack is None or not fits(stack, io[1], len(rows), num_tokens):
@@ -78,17 +87,27 @@ class ModelRunner:
         packed = [tok for _, toks, _ in rows for tok in toks]    # tokens, then starts, then lengths
         packed += [start for start, _, _ in rows] + [len(toks) for _, toks, _ in rows]
         packed = torch.from_numpy(np.asarray(packed, dtype=np.int64))
-        return stack, io, table, packed[:num_tokens], packed[num_tokens:-len(rows)], packed[-len(rows):]
+        return stack, io, row_ids, table, packed[:num_tokens], packed[num_tokens:-len(rows)], packed[-len(rows):]
+
+    def _full_logits(self, logits: torch.Tensor, row_ids: Optional[torch.Tensor]) -> torch.Tensor:
+        """Logits over the lm_head rows ``row_ids`` as logits over the whole vocabulary
+        (-inf elsewhere, as the model's own ``compute_logits`` gives them)."""
+        if row_ids is None:
+            return logits
+        full = logits.new_full((logits.shape[0], self.model.vocab_size), float("-inf"))
+        full[:, row_ids] = logits
+        return full
 
     def _native_rows(self, rows, sliding_window, features):
         """``forward_rows`` (logits, outputs) as one native call; None where it does not apply."""
         inputs = self._native_inputs(rows)
         if inputs is None:
             return None
-        stack, io, table, ids, starts, lens = inputs
+        stack, io, row_ids, table, ids, starts, lens = inputs
         with torch.inference_mode(), native_gemm_threads():
-            return rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size, sliding_window,
-                                None if features is None else features.to(torch.float32))
+            logits, outs = rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size, sliding_window,
+                                        None if features is None else features.to(torch.float32))
+        return self._full_logits(logits, row_ids), outs
 
     def refill_chain(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int], vocab: int,
                      steps: int, features: Optional[torch.Tensor] = None):
@@ -100,11 +119,16 @@ class ModelRunner:
         inputs = self._native_inputs(rows)
         if inputs is None:
             return None
-        stack, io, table, ids, starts, lens = inputs
+        stack, io, row_ids, table, ids, starts, lens = inputs
+        if row_ids is not None and steps:   # chain rounds would embed lm_head row indices as tokens
+            return None
         with torch.inference_mode(), native_gemm_threads():
-            return refill_chain(stack, *io, min(vocab, io[1].shape[0]), ids, starts, lens, table,
-                                self.kv_cache.page_size, sliding_window, steps,
-                                None if features is None else features.to(torch.float32))
+            logits, outs, tokens = refill_chain(stack, *io, min(vocab, io[1].shape[0]), ids, starts, lens, table,
+                                                self.kv_cache.page_size, sliding_window, steps,
+                                                None if features is None else features.to(torch.float32))
+        if row_ids is not None:   # top rows of the draft vocabulary -> token ids (ids ascending: same ties)
+            tokens = row_ids[tokens]
+        return self._full_logits(logits, row_ids), outs, tokens
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: PagedAttentionMetadata,

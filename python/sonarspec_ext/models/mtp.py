@@ -108,6 +108,16 @@ class MTPHead(nn.Module):
             return None
         return self._shared[0].weight, self._shared[1].weight
 
+    def refill_io(self):
+        """(embedding, lm_head rows, their token ids or None) for native re-runs whose inputs
+        are real tokens: with a draft vocabulary, only its rows of the lm_head (the caller
+        maps row indices back to token ids); else ``drafting_io`` with None."""
+        if self._shared is None:
+            return None
+        if self.draft_vocab is None:
+            return (*self.drafting_io(), None)
+        return self._shared[0].weight, self._draft_lm_head, self.draft_vocab
+
     @property
     def compute_dtype(self) -> torch.dtype:
         return self.layer.post_attention_layernorm.weight.dtype

@@ -61,7 +61,7 @@ def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window
         if features.shape != (num_tokens, stack.hidden):
             raise ValueError(f"features have shape {list(features.shape)}, expected [{num_tokens}, {stack.hidden}]")
     args = (embed.data_ptr(), embed.dtype == torch.bfloat16, lm_head.data_ptr(), lm_head.dtype == torch.bfloat16,
-            lm_head.shape[0], block_table.data_ptr(), block_table.shape[1], page_size, window or 0)
+            lm_head.shape[0], block_table.data_ptr(), block_table.shape[1], page_size, window or 0, embed.shape[0])
     return args, features
 
 
