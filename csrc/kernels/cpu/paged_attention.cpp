@@ -142,7 +142,7 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
       }
     };
     const int64_t lo = key_begin[t], hi = key_end[t];
-    for (int64_t j = lo; j < hi && !invalid;) {  // level 1: the committed prefix, a page at a time
+    for (int64_t j = lo; j < hi;) {  // level 1: the committed prefix, a page at a time
       const int64_t page = j / page_size, end = std::min(hi, (page + 1) * page_size);
       if (pages[page] < 0 || pages[page] >= num_pages) {
         invalid = true;
@@ -152,7 +152,7 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
       for (; j < end; ++j) push(base + j);
     }
     const uint64_t bits = tree_mask ? static_cast<uint64_t>(tree_mask[t]) : 0;
-    for (uint64_t rest = bits; rest && !invalid; rest &= rest - 1) {  // level 2: ancestors in the tree block
+    for (uint64_t rest = invalid ? 0 : bits; rest; rest &= rest - 1) {  // level 2: ancestors in the tree block
       const int64_t j = tree_begin[t] + __builtin_ctzll(rest);
       const int64_t page = j >= 0 && j < max_kv_len ? pages[j / page_size] : -1;
       if (page < 0 || page >= num_pages) {

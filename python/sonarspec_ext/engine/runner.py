@@ -65,19 +65,11 @@ class ModelRunner:
         return self.forward(ids_t, positions, meta, last_t,
                             hidden_indices=None if features is None else last_t, features=features)
 
-    def _refill_io(self):
-        """(embedding, lm_head rows, token ids of those rows or None) for native re-runs."""
-        refill_io = getattr(self.model, "refill_io", None)
-        if refill_io is not None:
-            return refill_io()
-        io = self.model.drafting_io()
-        return None if io is None else (*io, None)
-
     def _native_inputs(self, rows):
         """(stack, (embed, lm_head rows), row token ids or None, block table, token ids,
         starts, lengths) for re-running rows natively (``ops.stack_drafting``) when the
         model runs as a stack and the rows are a small step; else None."""
-        full = self._refill_io() if self.device.type == "cpu" and self.graphs is None else None
+        full = self.model.refill_io() if self.device.type == "cpu" and self.graphs is None else None
         io, row_ids = (None, None) if full is None else (full[:2], full[2])
         num_tokens = sum(len(toks) for _, toks, _ in rows)
         stack = self.stack() if io is not None and num_tokens <= NATIVE_ATTENTION_MAX_TOKENS else None

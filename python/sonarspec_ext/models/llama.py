@@ -179,6 +179,10 @@ class LlamaForCausalLM(nn.Module):
         """(embedding, lm_head) weights, for drafting natively with the stack."""
         return self.model.embed_tokens.weight, self.lm_head.weight
 
+    def refill_io(self):
+        """``drafting_io`` plus None: every lm_head row is its own token (see ``MTPHead.refill_io``)."""
+        return (*self.drafting_io(), None)
+
     @property
     def compute_dtype(self) -> torch.dtype:
         """Activation dtype (weight matrices may be stored more compactly, see the loader)."""

@@ -134,8 +134,11 @@ class DecoderStack:
             raise ValueError(f"DecoderStack runs float32 CPU inputs of shape (1..{self.max_rows}, {self.hidden}), "
                              f"got {x.dtype} {list(x.shape)} on {x.device}")
         m = x.shape[0]
+        if (tree_begin is None) != (tree_mask is None):
+            raise ValueError("tree_begin and tree_mask go together: pass both or neither")
+        tree = () if tree_mask is None else (("tree_begin", tree_begin), ("tree_mask", tree_mask))
         for name, t in (("positions", positions), ("slot_mapping", slot_mapping), ("token_seq", token_seq),
-                        ("key_begin", key_begin), ("key_end", key_end)):
+                        ("key_begin", key_begin), ("key_end", key_end)) + tree:
             if t.dtype != torch.int64 or t.shape != (m,) or not t.is_contiguous() or t.device.type != "cpu":
                 raise ValueError(f"{name} must be a contiguous int64 CPU tensor of shape [{m}]")
         if self.model.fc is not None:
@@ -145,17 +148,9 @@ class DecoderStack:
             features = features.contiguous()
             if features.shape != x.shape:
                 raise ValueError(f"features have shape {list(features.shape)}, expected {list(x.shape)}")
-        check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2)
-        if block_table.device.type != "cpu":
-            raise ValueError(f"block_table is on {block_table.device}, expected cpu")
+        check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2, device=torch.device("cpu"))
         if not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
-        for name, t in (("tree_begin", tree_begin), ("tree_mask", tree_mask)):
-            if t is not None and (t.dtype != torch.int64 or t.shape != (m,) or not t.is_contiguous()
-                                  or t.device.type != "cpu"):
-                raise ValueError(f"{name} must be a contiguous int64 CPU tensor of shape [{m}]")
-        if (tree_begin is None) != (tree_mask is None):
-            raise ValueError("tree_begin and tree_mask go together: pass both or neither")
         out = x.clone(memory_format=torch.contiguous_format)
         try:
             bad = self._native.forward(

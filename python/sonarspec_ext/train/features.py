@@ -66,9 +66,8 @@ def compute_features(target, windows: np.ndarray, out_dir: str, target_fp: str, 
     log(f"feature pass: {n} windows x {T} tokens, hidden {H}, {dtype}: "
         f"{n * T * (H * elem + 4) / 2**20:.1f} MiB in {len(shards)} shard(s) under {out_dir}")
     pages_per_window = -(-T // page_size)
-    # the KV pool holds activations: float32 for compact (bfloat16-weight) models, whose
-    # norms and residual stream stay float32, else the weights' dtype
-    kv = KVCache(target.config, pages_per_window * batch_windows, page_size, target.model.norm.weight.dtype,
+    # the KV pool holds activations (float32 for compact, bfloat16-weight models)
+    kv = KVCache(target.config, pages_per_window * batch_windows, page_size, target.compute_dtype,
                  target.lm_head.weight.device)
     runner = ModelRunner(target, kv)
     bar = tqdm(total=n, desc="features", unit="win", dynamic_ncols=True)
