@@ -199,18 +199,43 @@ def test_padded_mlp_matches_the_torch_mlp(m, weight_dtype):
 
 
 
-def test_bf16_weight_fallback_without_vdpbf16ps():
-    """CPUs without AVX512_BF16 (forced here with SONARSPEC_NO_BF16_DOT): the GEMM and MLP
-    tests above pass on the fallback too - the same bfloat16-rounded activations through
-    the FMA kernel, the float64 oracle's result, rows independent of each other."""
+@pytest.mark.parametrize("env, probe", [("SONARSPEC_NO_BF16_DOT", "bf16_dot_available"),
+                                        ("SONARSPEC_NO_AMX", "amx_available")])
+def test_bf16_weight_kernels_without_amx_or_vdpbf16ps(env, probe):
+    """CPUs without AMX (forced here with SONARSPEC_NO_AMX: the VDPBF16PS kernel) or
+    without AVX512_BF16 (SONARSPEC_NO_BF16_DOT: the FMA fallback): the GEMM and MLP tests
+    above pass there too - the same bfloat16-rounded activations, the float64 oracle's
+    result, rows independent of each other."""
     import os
     import subprocess
     import sys
-    env = dict(os.environ, SONARSPEC_NO_BF16_DOT="1")
-    probe = subprocess.run([sys.executable, "-c", "from sonarspec_ext import _C; print(_C.bf16_dot_available())"],
+    env = dict(os.environ, **{env: "1"})
+    check = subprocess.run([sys.executable, "-c", f"from sonarspec_ext import _C; print(_C.{probe}())"],
                            env=env, capture_output=True, text=True, timeout=120)
-    assert probe.stdout.strip() == "False", probe.stderr[-2000:]
-    tests = "bf16_weights_take or padded_linear_awkward or padded_mlp_matches"
+    assert check.stdout.strip() == "False", check.stderr[-2000:]
+    tests = "bf16_weights_take or bf16_rows_agree or padded_linear_awkward or padded_mlp_matches"
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", tests],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("n, k", [(96, 64), (203, 45), (64, 1536)])
+def test_bf16_rows_agree_whatever_the_row_count(n, k):
+    """Under inference every row count runs natively (on AMX tiles where the CPU has them:
+    up to 16 rows in narrow tiles, more in groups of 16): a row's result is the same bits
+    in a call of 1, 15, 16, 17, 33 or 100 rows, and a non-finite weight row spoils its own
+    column only (the zero padding of awkward shapes multiplies nothing else)."""
+    from sonarspec_ext.ops.linear import padded_linear
+    g = torch.Generator().manual_seed(n + k)
+    x, w = torch.randn(100, k, generator=g), torch.randn(n, k, generator=g).bfloat16()
+    w[7, -1] = float("inf")
+    with torch.inference_mode():
+        full = padded_linear(x, w)
+        for rows in (1, 15, 16, 17, 33):
+            for start in (0, 100 - rows):
+                assert torch.equal(padded_linear(x[start:start + rows], w), full[start:start + rows])
+    ref = _matmul_input(x, torch.bfloat16) @ w.double().T
+    finite = torch.ones(n, dtype=torch.bool)
+    finite[7] = False
+    torch.testing.assert_close(full[:, finite], ref[:, finite].float(), rtol=1e-5, atol=1e-4)
+    assert not full[:, 7].isfinite().any()

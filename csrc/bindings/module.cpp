@@ -224,6 +224,8 @@ PYBIND11_MODULE(_C, m) {
   }, "Sampling distribution of logit rows (temperature, top-k, top-p), float32 CPU (raw pointers).");
   m.def("bf16_dot_available", &bf16_dot_available,
         "Whether bfloat16-weight GEMMs use VDPBF16PS here (AVX512_BF16, unless SONARSPEC_NO_BF16_DOT is set).");
+  m.def("amx_available", &amx_available,
+        "Whether bfloat16-weight GEMMs run on AMX tiles here (AMX-BF16, unless SONARSPEC_NO_AMX is set).");
   m.def("top_token", [](uintptr_t logits, int64_t vocab) {
     if (vocab < 1) throw std::invalid_argument("top_token: vocab must be >= 1");
     return top_token(reinterpret_cast<const float*>(logits), vocab);

@@ -17,14 +17,20 @@ void small_gemm_f32(const float* x, const float* w, const float* bias, float* y,
 
 // The same with bfloat16 weights (raw uint16_t bits): the activations are rounded to
 // bfloat16 (nearest, ties to even) and the bfloat16 products (exact) summed in float32 -
-// with VDPBF16PS where the CPU has AVX512_BF16 (twice float32 FMA's multiply-adds per
-// instruction), else by widening both in registers. Half the weight traffic of float32.
+// on AMX tiles where the CPU has them (any number of rows: up to 16 cost one pass over the
+// weights), else with VDPBF16PS where it has AVX512_BF16 (twice float32 FMA's
+// multiply-adds per instruction), else by widening both in registers. Half the weight
+// traffic of float32. One CPU always takes the same of these paths, whatever m is.
 void small_gemm_bf16w(const float* x, const uint16_t* w, const float* bias, float* y, int64_t m, int64_t n,
                       int64_t k, int num_threads);
 
 // Whether small_gemm_bf16w runs VDPBF16PS on this CPU (AVX512F/VL/BW and AVX512_BF16),
 // unless the environment variable SONARSPEC_NO_BF16_DOT is set to a non-zero value.
 bool bf16_dot_available();
+
+// Whether small_gemm_bf16w runs on AMX tiles here (AMX-TILE and AMX-BF16, the tile state
+// granted by the kernel), unless SONARSPEC_NO_AMX or SONARSPEC_NO_BF16_DOT is set non-zero.
+bool amx_available();
 
 // One of the two above, by the weights' type: bfloat16 bits when bf16_weights, else float32.
 void small_gemm_any(const float* x, const void* w, bool bf16_weights, const float* bias, float* y, int64_t m,

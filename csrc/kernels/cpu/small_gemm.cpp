@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "amx_gemm.h"
 #include "bf16_dot.h"
 
 #include "sonarspec/thread_pool.h"
@@ -94,21 +95,37 @@ void rows(const float* x, const W* w, const float* bias, float* y, int64_t m, in
 
 // Runs cols(n_begin, n_end) over column ranges of an (m, n, k) GEMM with `weight_bytes`
 // per weight. A thread per kMinWork multiply-adds at least (waking a worker costs about
-// as much as a few thousand of them), tasks of at least 64 KiB of weights, about four per
-// thread; small problems stay on the calling thread. Ranges start at multiples of 4, so
-// no column's arithmetic depends on the thread count.
+// as much as a few thousand of them), tasks of at least 64 KiB of weights, up to four per
+// thread, as many as keep the threads evenly loaded (workers claim tasks one by one, so
+// the busiest thread runs ceil(tasks / threads) of them); small problems stay on the
+// calling thread. Ranges start at multiples of `align` (the kernel's column block), so no
+// column's arithmetic depends on the thread count.
 template <typename F>
-void split_columns(int64_t m, int64_t n, int64_t k, int64_t weight_bytes, int num_threads, F&& cols) {
+void split_columns(int64_t m, int64_t n, int64_t k, int64_t weight_bytes, int num_threads, F&& cols,
+                   int64_t align = 4) {
   constexpr int64_t kMinWork = int64_t{1} << 16;
   int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads, m * n * k / kMinWork));
   if (threads == 1) {
     cols(int64_t{0}, n);
     return;
   }
-  int64_t min_rows = std::max<int64_t>(4, (64 * 1024) / (k * weight_bytes));
-  int64_t chunk = std::max<int64_t>(min_rows, (n + 4 * threads - 1) / (4 * threads));
-  chunk = (chunk + 3) / 4 * 4;
-  int num_tasks = static_cast<int>((n + chunk - 1) / chunk);
+  const int64_t blocks = (n + align - 1) / align;
+  const int64_t min_blocks = std::max<int64_t>(1, ((64 * 1024) / (k * weight_bytes) + align - 1) / align);
+  int64_t chunk = blocks, busiest = blocks + 1;
+  for (int64_t per_thread = 4; per_thread >= 1; --per_thread) {
+    const int64_t c = std::max(min_blocks, (blocks + per_thread * threads - 1) / (per_thread * threads));
+    const int64_t tasks = (blocks + c - 1) / c, load = (tasks + threads - 1) / threads * c;
+    if (load < busiest) {
+      busiest = load;
+      chunk = c;
+    }
+  }
+  chunk *= align;
+  const int num_tasks = static_cast<int>((n + chunk - 1) / chunk);
+  if (num_tasks == 1) {
+    cols(int64_t{0}, n);
+    return;
+  }
   ThreadPool::global().run(num_tasks, static_cast<int>(threads), [&](int t) {
     int64_t b = t * chunk, e = std::min(n, b + chunk);
     cols(b, e);
@@ -135,6 +152,17 @@ void small_gemm_bf16w(const float* x, const uint16_t* w, const float* bias, floa
   const int64_t ldx = (k + 31) / 32 * 32;
   xb.resize(static_cast<size_t>(m * ldx));
   round_rows_to_bf16(x, xb.data(), m, k, ldx);
+  if (amx_available()) {
+    thread_local std::vector<uint16_t> tiles;
+    tiles.resize(static_cast<size_t>(amx_packed_size(m, k)));
+    amx_pack_rows(xb.data(), ldx, m, k, tiles.data());
+    const uint16_t* packed = tiles.data();   // the workers see their own thread_local tiles
+    split_columns(m, n, k, sizeof(uint16_t), num_threads, [&](int64_t b, int64_t e) {
+      amx_gemm_cols(packed, m, w, n, k, y, b, e);
+      add_bias(bias, y, m, n, b, e);
+    }, 16);
+    return;
+  }
   if (bf16_dot_available()) {
     const uint16_t* rounded = xb.data();   // the workers see their own thread_local xb
     split_columns(m, n, k, sizeof(uint16_t), num_threads, [&](int64_t b, int64_t e) {
