@@ -110,3 +110,44 @@ def test_tree_cascade_equals_full_masked_attention(nodes, prefix):
                                                                 tree_begin, bits, D ** -0.5), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="go together"):
         ops.paged_attention(*args, D ** -0.5, tree_begin, None)
+
+
+@pytest.mark.parametrize("H,Hkv,prefix,block", [(9, 3, 3000, 5), (4, 4, 700, 8), (32, 2, 40, 3), (6, 3, 515, 17)])
+@pytest.mark.parametrize("tree", [False, True])
+def test_a_token_reads_the_same_bits_alone_or_in_a_block(H, Hkv, prefix, block, tree):
+    """Tokens of one sequence in one step (a verification block: causal key ends, or a
+    tree block: one prefix plus ancestor bits) share their key reads; every token's output
+    is the same bits as the token attended alone, at contexts that split its keys into
+    several parallel runs too, and equals the float64 reference."""
+    g = torch.Generator().manual_seed(H * prefix + block)
+    D, ps = 64, 16
+    L = prefix + block + 1
+    table, kv_slots, num_slots = _pages(2, L, ps, g)
+    k_pool, v_pool = torch.randn(num_slots, Hkv, D, generator=g), torch.randn(num_slots, Hkv, D, generator=g)
+    q = torch.randn(block, H, D, generator=g) * 2
+    seq = torch.ones(block, dtype=torch.long)
+    begin = torch.zeros(block, dtype=torch.long)
+    if tree:
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, block)]
+        anc = np.zeros((block, block), dtype=bool)
+        for i in range(block):
+            j = i
+            while j >= 0:
+                anc[i, j], j = True, parents[j]
+        end = begin + prefix
+        extra = (end.clone(), torch.from_numpy(tree_bits(anc)))
+        mask = torch.zeros(block, L, dtype=torch.bool)
+        mask[:, :prefix] = True
+        mask[:, prefix:prefix + block] = torch.from_numpy(anc)
+    else:
+        end = prefix + 1 + torch.arange(block)
+        extra = ()
+        mask = torch.arange(L)[None, :] < end[:, None]
+    args = (k_pool, v_pool, table, ps)
+    together = ops.paged_attention(q, *args, seq, begin, end, D ** -0.5, *extra)
+    for t in range(block):
+        one = (seq[t:t + 1], begin[t:t + 1], end[t:t + 1])
+        alone = ops.paged_attention(q[t:t + 1], *args, *one, D ** -0.5, *(e[t:t + 1] for e in extra))
+        assert torch.equal(alone[0], together[t]), t
+    want = _full_mask_attention(q, k_pool, v_pool, kv_slots, seq, mask, D ** -0.5)
+    torch.testing.assert_close(together, want, rtol=2e-5, atol=2e-5)

@@ -1,16 +1,19 @@
-// One task per (query token, KV head, group of up to 16 query heads): the query heads that
-// share the KV head (GQA) are processed together, so each key and value row is read once
-// per group (larger groups split into several tasks). Keys go in
-// chunks of up to 16: scores for the chunk, one online-softmax update (running max,
-// rescaled sums) with a vectorised exp, then the value rows. With a tree mask the pass is
-// a two-level cascade: the committed prefix [key_begin, key_end) first, then the query's
-// ancestors in the tree block; the running (max, sum) state merges the two levels by
-// log-sum-exp, so no mask over the whole sequence is built.
+// Tasks of up to 16 query rows that read the same keys: the query heads that share a KV
+// head (GQA) times the consecutive tokens of one sequence in the step (a verification
+// block, a prefill chunk), so each key and value row is read once per task. A token's keys
+// - its committed prefix [key_begin, key_end), then its ancestors in the tree block when
+// there is a tree mask - go in chunks of 16: scores for the chunk, one online-softmax update
+// (running max, rescaled sums) with a vectorised exp, then the value rows. Chunks that every
+// token of a task has in full in its prefix run once for all its rows, the rest per token;
+// long key lists are split into runs of 32 chunks (512 keys) that run as separate tasks,
+// their softmax states merged by log-sum-exp in order. Chunks and splits follow each
+// token's own key list, so a token's result is the same bits whatever else is in the step.
 #include "sonarspec/paged_attention.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "sonarspec/thread_pool.h"
 #include "vec.h"
@@ -93,6 +96,29 @@ ChunkUpdate chunk_update_for_cpu() {
   return portable::chunk_update;
 }
 
+// Keys per split: a token with more keys gets one online-softmax state per split of its
+// key list (tasks that run in parallel), merged in split order at the end. A function of the
+// token's own key list, so its result does not depend on the batch.
+constexpr int64_t kSplitChunks = 32;
+
+// A query token's keys: the list [prefix positions lo..hi) then its tree ancestors.
+struct TokenKeys {
+  int64_t lo = 0, prefix = 0, len = 0, chunks = 0, splits = 0;
+  const int64_t* pages = nullptr;
+  int64_t ancestors[64];   // slots of the tree ancestors
+};
+
+// Up to kMaxGroup query rows that read the same keys: consecutive tokens of one sequence
+// with one key_begin (a verification block) x the query heads of a subgroup of one KV head.
+struct Task {
+  int64_t tokens[kMaxGroup];
+  int nt = 0;
+};
+
+struct Item {
+  int64_t task, kvh, g0, split;
+};
+
 }  // namespace
 
 int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_pool,
@@ -104,86 +130,160 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
                             int64_t head_dim, int64_t num_slots, float scale, int num_threads) {
   if (num_kv_heads < 1 || num_heads % num_kv_heads != 0 || page_size < 1 || max_pages < 0) return -1;
   const int64_t group = num_heads / num_kv_heads;
-  const int64_t subgroups = (group + kMaxGroup - 1) / kMaxGroup;
+  const int64_t subgroup = std::min<int64_t>(group, kMaxGroup), subgroups = (group + subgroup - 1) / subgroup;
+  const int64_t tokens_per_task = std::max<int64_t>(1, kMaxGroup / subgroup);
   const int64_t row = num_kv_heads * head_dim;
   const int64_t max_kv_len = max_pages * page_size, num_pages = num_slots / page_size;
-  std::atomic<int64_t> bad{0};
+  int64_t bad = 0;
+  // Each token's keys, checked: an index outside the tables makes the token bad (its output
+  // is zero, not attention over its keys): a row outside the block table, a key range past
+  // it, a page id outside the pool.
+  std::vector<TokenKeys> keys(static_cast<size_t>(num_tokens));
+  std::vector<uint8_t> valid(static_cast<size_t>(num_tokens), 0);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    TokenKeys& tk = keys[t];
+    bool ok = token_seq[t] >= 0 && token_seq[t] < batch_size && key_begin[t] >= 0 && key_end[t] <= max_kv_len;
+    if (ok) {
+      tk.pages = block_table + token_seq[t] * max_pages;
+      tk.lo = key_begin[t];
+      tk.prefix = std::max<int64_t>(0, key_end[t] - key_begin[t]);
+      for (int64_t p = tk.lo / page_size; ok && tk.prefix > 0 && p <= (key_end[t] - 1) / page_size; ++p)
+        ok = tk.pages[p] >= 0 && tk.pages[p] < num_pages;
+      int64_t na = 0;
+      const uint64_t bits = tree_mask ? static_cast<uint64_t>(tree_mask[t]) : 0;
+      for (uint64_t rest = ok ? bits : 0; rest; rest &= rest - 1) {
+        const int64_t j = tree_begin[t] + __builtin_ctzll(rest);
+        const int64_t page = j >= 0 && j < max_kv_len ? tk.pages[j / page_size] : -1;
+        ok = page >= 0 && page < num_pages;
+        if (!ok) break;
+        tk.ancestors[na++] = page * page_size + j % page_size;
+      }
+      tk.len = tk.prefix + na;
+      tk.chunks = (tk.len + kChunk - 1) / kChunk;
+      tk.splits = std::max<int64_t>(1, (tk.chunks + kSplitChunks - 1) / kSplitChunks);
+    }
+    valid[t] = ok;
+    if (!ok) {
+      std::fill(out + t * num_heads * head_dim, out + (t + 1) * num_heads * head_dim, 0.f);
+      ++bad;
+    }
+  }
+  // Tasks: runs of valid consecutive tokens of one sequence with one key_begin.
+  std::vector<Task> tasks;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    if (!valid[t]) continue;
+    if (tasks.empty() || tasks.back().nt == tokens_per_task ||
+        token_seq[tasks.back().tokens[0]] != token_seq[t] || key_begin[tasks.back().tokens[0]] != key_begin[t])
+      tasks.emplace_back();
+    tasks.back().tokens[tasks.back().nt++] = t;
+  }
+  std::vector<Item> items;
+  int64_t work = 0, max_splits = 1;   // visible keys summed over tokens: decides whether threads pay off
+  for (int64_t i = 0; i < static_cast<int64_t>(tasks.size()); ++i) {
+    int64_t splits = 1;
+    for (int a = 0; a < tasks[i].nt; ++a) {
+      splits = std::max(splits, keys[tasks[i].tokens[a]].splits);
+      work += keys[tasks[i].tokens[a]].len;
+    }
+    max_splits = std::max(max_splits, splits);
+    for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh)
+      for (int64_t g0 = 0; g0 < group; g0 += subgroup)
+        for (int64_t s = 0; s < splits; ++s) items.push_back({i, kvh, g0, s});
+  }
+  // Split states of tokens with several splits: (token, head, split) -> m, l, o[head_dim].
+  const int64_t state = head_dim + 2;
+  std::vector<float> partial(max_splits > 1 ? static_cast<size_t>(num_tokens * num_heads * max_splits * state) : 0);
+  std::vector<float> sums(static_cast<size_t>(num_tokens * num_heads), 0.f);   // softmax sums, one split
   static const ChunkUpdate chunk_update = chunk_update_for_cpu();
-  auto task = [&](int64_t item) {
-    const int64_t t = item / (num_kv_heads * subgroups), rest_item = item % (num_kv_heads * subgroups);
-    const int64_t kvh = rest_item / subgroups, g0 = rest_item % subgroups * kMaxGroup;
-    const int gn = static_cast<int>(std::min<int64_t>(kMaxGroup, group - g0));
+  auto run_item = [&](int64_t item_index) {
+    const Item& it = items[item_index];
+    const Task& task = tasks[it.task];
+    const int gn = static_cast<int>(std::min<int64_t>(subgroup, group - it.g0));
     const float* qs[kMaxGroup];
     float* o[kMaxGroup];
     float m[kMaxGroup], l[kMaxGroup];
-    for (int g = 0; g < gn; ++g) {
-      const int64_t h = kvh * group + g0 + g;
-      qs[g] = q + (t * num_heads + h) * head_dim;
-      o[g] = out + (t * num_heads + h) * head_dim;
-      std::fill(o[g], o[g] + head_dim, 0.f);
-      m[g] = -INFINITY;
-      l[g] = 0.f;
+    int64_t common = INT64_MAX;   // chunks every token has in full in its prefix
+    for (int a = 0; a < task.nt; ++a) {
+      const int64_t t = task.tokens[a];
+      common = std::min(common, keys[t].prefix / kChunk);
+      for (int g = 0; g < gn; ++g) {
+        const int r = a * gn + g;
+        const int64_t h = it.kvh * group + it.g0 + g;
+        qs[r] = q + (t * num_heads + h) * head_dim;
+        o[r] = keys[t].splits > 1 ? partial.data() + ((t * num_heads + h) * max_splits + it.split) * state + 2
+                                  : out + (t * num_heads + h) * head_dim;
+        std::fill(o[r], o[r] + head_dim, 0.f);
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+      }
     }
-    // An index outside the tables makes the token bad (its output is not attention over
-    // its keys): a row outside the block table, a key range past it, a page id outside the pool.
-    if (token_seq[t] < 0 || token_seq[t] >= batch_size || key_begin[t] < 0 || key_end[t] > max_kv_len) {
-      bad.fetch_add(gn);
-      return;
-    }
-    bool invalid = false;
-    const int64_t* pages = block_table + token_seq[t] * max_pages;
+    const int64_t first = it.split * kSplitChunks, last = first + kSplitChunks;
+    const int64_t kv_off = it.kvh * head_dim;
+    const TokenKeys& k0 = keys[task.tokens[0]];
     int64_t slots[kChunk];
-    int n = 0;
-    auto push = [&](int64_t s) {
-      slots[n++] = s;
-      if (n == kChunk) {
-        chunk_update(qs, k_pool, v_pool, slots, n, row, kvh * head_dim, head_dim, gn, scale, m, l, o);
-        n = 0;
+    for (int64_t c = first; c < std::min(last, common); ++c) {   // keys every token reads, once for all rows
+      for (int i = 0; i < kChunk; ++i) {
+        const int64_t j = k0.lo + c * kChunk + i;
+        slots[i] = k0.pages[j / page_size] * page_size + j % page_size;
       }
-    };
-    const int64_t lo = key_begin[t], hi = key_end[t];
-    for (int64_t j = lo; j < hi;) {  // level 1: the committed prefix, a page at a time
-      const int64_t page = j / page_size, end = std::min(hi, (page + 1) * page_size);
-      if (pages[page] < 0 || pages[page] >= num_pages) {
-        invalid = true;
-        break;
+      chunk_update(qs, k_pool, v_pool, slots, kChunk, row, kv_off, head_dim, task.nt * gn, scale, m, l, o);
+    }
+    for (int a = 0; a < task.nt; ++a) {   // then each token's own chunks, in order
+      const TokenKeys& tk = keys[task.tokens[a]];
+      for (int64_t c = std::max(first, common); c < std::min(last, tk.chunks); ++c) {
+        const int n = static_cast<int>(std::min<int64_t>(kChunk, tk.len - c * kChunk));
+        for (int i = 0; i < n; ++i) {
+          const int64_t pos = c * kChunk + i;
+          const int64_t j = tk.lo + pos;
+          slots[i] = pos < tk.prefix ? tk.pages[j / page_size] * page_size + j % page_size
+                                     : tk.ancestors[pos - tk.prefix];
+        }
+        chunk_update(qs + a * gn, k_pool, v_pool, slots, n, row, kv_off, head_dim, gn, scale, m + a * gn,
+                     l + a * gn, o + a * gn);
       }
-      const int64_t base = pages[page] * page_size - page * page_size;
-      for (; j < end; ++j) push(base + j);
     }
-    const uint64_t bits = tree_mask ? static_cast<uint64_t>(tree_mask[t]) : 0;
-    for (uint64_t rest = invalid ? 0 : bits; rest; rest &= rest - 1) {  // level 2: ancestors in the tree block
-      const int64_t j = tree_begin[t] + __builtin_ctzll(rest);
-      const int64_t page = j >= 0 && j < max_kv_len ? pages[j / page_size] : -1;
-      if (page < 0 || page >= num_pages) {
-        invalid = true;
-        break;
-      }
-      push(page * page_size + j % page_size);
-    }
-    if (invalid) {
-      for (int g = 0; g < gn; ++g) std::fill(o[g], o[g] + head_dim, 0.f);
-      bad.fetch_add(gn);
-      return;
-    }
-    if (n) chunk_update(qs, k_pool, v_pool, slots, n, row, kvh * head_dim, head_dim, gn, scale, m, l, o);
-    for (int g = 0; g < gn; ++g) {
-      if (l[g] > 0.f) {
-        scale_row(o[g], 1.f / l[g], head_dim);
-      } else {
-        bad.fetch_add(1);
+    for (int a = 0; a < task.nt; ++a) {
+      for (int g = 0; g < gn; ++g) {
+        const int r = a * gn + g;
+        if (keys[task.tokens[a]].splits > 1) {
+          o[r][-2] = m[r];
+          o[r][-1] = l[r];
+        } else {
+          sums[task.tokens[a] * num_heads + it.kvh * group + it.g0 + g] = l[r];
+          if (l[r] > 0.f) scale_row(o[r], 1.f / l[r], head_dim);
+        }
       }
     }
   };
-  const int64_t items = num_tokens * num_kv_heads * subgroups;
-  int64_t work = 0;  // visible keys summed over tokens: decides whether threads pay off
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    work += std::max<int64_t>(0, std::min(key_end[t], max_kv_len) - std::max<int64_t>(0, key_begin[t]));
-    if (tree_mask) work += __builtin_popcountll(static_cast<uint64_t>(tree_mask[t]));
-  }
   const int threads = work * num_heads * head_dim >= (1 << 16) ? std::max(1, num_threads) : 1;
-  parallel_items(items, threads, task);
-  return bad.load() / num_heads;
+  parallel_items(static_cast<int64_t>(items.size()), threads, run_item);
+  // Tokens with several splits: merge the split states in order (log-sum-exp).
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    if (!valid[t]) continue;
+    bool no_keys = false;   // a head whose softmax sum is not positive read no key
+    if (keys[t].splits == 1) {
+      for (int64_t h = 0; h < num_heads; ++h) no_keys |= !(sums[t * num_heads + h] > 0.f);
+    } else {
+      for (int64_t h = 0; h < num_heads; ++h) {
+        float* dst = out + (t * num_heads + h) * head_dim;
+        const float* st = partial.data() + (t * num_heads + h) * max_splits * state;
+        float mx = -INFINITY, sum = 0.f;
+        for (int64_t s = 0; s < keys[t].splits; ++s) mx = std::max(mx, st[s * state]);
+        std::fill(dst, dst + head_dim, 0.f);
+        for (int64_t s = 0; s < keys[t].splits; ++s) {
+          const float* ps = st + s * state;
+          if (ps[1] <= 0.f) continue;
+          const float r = std::exp(ps[0] - mx);
+          sum += ps[1] * r;
+          axpy(dst, r, ps + 2, head_dim);
+        }
+        if (sum > 0.f) scale_row(dst, 1.f / sum, head_dim);
+        no_keys |= !(sum > 0.f);
+      }
+    }
+    bad += no_keys;
+  }
+  return bad;
 }
 
 }  // namespace sonarspec
