@@ -19,10 +19,10 @@ from sonarspec_ext.ops.linear import native_gemm_threads
 PAGE = 4
 
 
-def _cache(cfg, g):
-    kv = KVCache(cfg, num_pages=40, page_size=PAGE, dtype=torch.float32, device="cpu")
-    kv.k.normal_(generator=g)
-    kv.v.normal_(generator=g)
+def _cache(cfg, g, dtype=torch.float32):
+    kv = KVCache(cfg, num_pages=40, page_size=PAGE, dtype=dtype, device="cpu")
+    kv.k.copy_(torch.randn(kv.k.shape, generator=g))
+    kv.v.copy_(torch.randn(kv.v.shape, generator=g))
     return kv
 
 
@@ -35,10 +35,10 @@ def _rows(num_query, contexts):
     return rows
 
 
-def _both_paths(model, cfg, meta, positions, inputs, g, **kw):
+def _both_paths(model, cfg, meta, positions, inputs, g, kv_dtype=torch.float32, **kw):
     """Runs ``model`` once through the stack and once layer by layer on equal caches."""
-    kv_a, outs, caches = _cache(cfg, g), [], []
-    kv_b = KVCache(cfg, num_pages=40, page_size=PAGE, dtype=torch.float32, device="cpu")
+    kv_a, outs, caches = _cache(cfg, g, kv_dtype), [], []
+    kv_b = KVCache(cfg, num_pages=40, page_size=PAGE, dtype=kv_dtype, device="cpu")
     kv_b.k.copy_(kv_a.k)
     kv_b.v.copy_(kv_a.v)
     stack = model.native_stack(kv_a)
@@ -57,7 +57,10 @@ def _both_paths(model, cfg, meta, positions, inputs, g, **kw):
 @pytest.mark.parametrize("arch,weights", [("llama", "bfloat16"), ("llama", "float32"), ("qwen2", "bfloat16"),
                                           ("mistral", "float32")])
 @pytest.mark.parametrize("num_query", [[1], [3, 1, 5], [8], [40, 2]])
-def test_stack_equals_the_per_op_path(tmp_path, arch, weights, num_query):
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_stack_equals_the_per_op_path(tmp_path, arch, weights, num_query, kv_dtype):
+    """Bit for bit, outputs and the KV pools written (16-bit pools: the stack's rounding of
+    new keys and values is torch's)."""
     extra = {"sliding_window": 6} if arch == "mistral" else {}
     hf = make_hf_model(str(tmp_path / "m"), arch, seed=3, num_key_value_heads=1 if arch == "qwen2" else 2, **extra)
     if weights == "bfloat16":
@@ -72,7 +75,7 @@ def test_stack_equals_the_per_op_path(tmp_path, arch, weights, num_query):
         return
     g = torch.Generator().manual_seed(total)
     ids = torch.randint(0, cfg.vocab_size, (total,), generator=g)
-    (a, b), (kv_a, kv_b) = _both_paths(model, cfg, meta, positions, ids, g)
+    (a, b), (kv_a, kv_b) = _both_paths(model, cfg, meta, positions, ids, g, kv_dtype)
     assert torch.equal(a, b)
     assert torch.equal(kv_a.k, kv_b.k) and torch.equal(kv_a.v, kv_b.v)
     assert torch.isfinite(a).all() and a.abs().sum() > 0

@@ -115,3 +115,34 @@ def test_engine_freezes_the_gc_view_of_what_it_loaded_unless_told_not_to(llama_d
         assert ref() is None
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("kv", ["bfloat16", "float16", "float32"])
+def test_kv_cache_dtypes_keep_speculation_lossless(llama_dir, draft_dir, kv):
+    """16-bit KV pools (the default for bfloat16 weights on the CPU: bfloat16): a batch
+    decodes as its prompts alone, draft_target and ngram speculation equal plain decoding,
+    and greedy output mostly agrees with float32 pools (this model's margins are large)."""
+    from sonarspec_ext import SpecConfig
+    ps = prompts(4, seed=9)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    llm = LLM(llama_dir, kv_cache_dtype=kv)
+    assert llm.engine.kv_cache.k.dtype == getattr(torch, kv)
+    plain = [o.token_ids for o in llm.generate(ps, params)]
+    assert [llm.generate([p], params)[0].token_ids for p in ps] == plain
+    for spec in (SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=3),
+                 SpecConfig(method="ngram", num_draft_tokens=3)):
+        assert [o.token_ids for o in LLM(llama_dir, kv_cache_dtype=kv, spec=spec).generate(ps, params)] == plain
+    wide = [o.token_ids for o in LLM(llama_dir, kv_cache_dtype="float32").generate(ps, params)]
+    assert sum(a[0] == b[0] for a, b in zip(plain, wide)) >= 3
+
+
+def test_kv_cache_dtype_auto_and_bad_values(llama_dir):
+    """auto: bfloat16 pools for bfloat16 weights (the packaged model's), float32 for float32
+    weights (a float32 checkpoint, or compact_weights=False)."""
+    assert LLM("default").engine.kv_cache.k.dtype == torch.bfloat16
+    assert LLM("default", compact_weights=False).engine.kv_cache.k.dtype == torch.float32
+    assert LLM(llama_dir).engine.kv_cache.k.dtype == torch.float32
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        LLM(llama_dir, kv_cache_dtype="int8")
+    with pytest.raises(ValueError, match="compute dtype"):
+        LLM(llama_dir, dtype="bfloat16", kv_cache_dtype="float16")

@@ -151,3 +151,26 @@ def test_a_token_reads_the_same_bits_alone_or_in_a_block(H, Hkv, prefix, block, 
         assert torch.equal(alone[0], together[t]), t
     want = _full_mask_attention(q, k_pool, v_pool, kv_slots, seq, mask, D ** -0.5)
     torch.testing.assert_close(together, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tree", [False, True])
+def test_16_bit_pools_read_as_their_float32_widening(kv_dtype, tree):
+    """bfloat16 / float16 pools: the same bits as float32 attention over the pools widened
+    exactly (queries, blocks, splits and tree ancestors alike)."""
+    g = torch.Generator().manual_seed(int(tree))
+    H, Hkv, D, ps, L = 6, 2, 64, 16, 1100
+    table, kv_slots, num_slots = _pages(2, L, ps, g)
+    k16 = torch.randn(num_slots, Hkv, D, generator=g).to(kv_dtype)
+    v16 = torch.randn(num_slots, Hkv, D, generator=g).to(kv_dtype)
+    T = 7
+    q = torch.randn(T, H, D, generator=g)
+    seq = torch.tensor([0, 1, 1, 1, 0, 1, 1])
+    begin = torch.zeros(T, dtype=torch.long)
+    end = torch.tensor([1, 1000, 1001, 1002, 600, 7, 8])
+    extra = (end.clone(), torch.tensor([1, 1, 3, 5, 1, 1, 3])) if tree else ()
+    got = ops.paged_attention(q, k16, v16, table, ps, seq, begin, end, D ** -0.5, *extra)
+    want = ops.paged_attention(q, k16.float(), v16.float(), table, ps, seq, begin, end, D ** -0.5, *extra)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="v_pool has dtype"):
+        ops.paged_attention(q, k16, v16.float(), table, ps, seq, begin, end, D ** -0.5)

@@ -29,12 +29,14 @@ class DecoderStack {
  public:
   DecoderStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t inter,
                int64_t num_slots, float eps, float scale, bool bf16_weights, const std::vector<LayerPointers>& layers,
-               const ModelPointers& model, int64_t max_positions) {
+               const ModelPointers& model, int64_t max_positions, int kv_dtype) {
     if (hidden <= 0 || num_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 || inter <= 0 ||
         num_slots <= 0 || num_heads % num_kv_heads || max_positions <= 0 || model[0] == 0 || model[1] == 0) {
       throw std::invalid_argument("DecoderStack: invalid shape");
     }
-    shape_ = {hidden, num_heads, num_kv_heads, head_dim, inter, num_slots, eps, scale, bf16_weights};
+    if (kv_dtype < 0 || kv_dtype > 2) throw std::invalid_argument("DecoderStack: invalid kv_dtype");
+    shape_ = {hidden, num_heads, num_kv_heads, head_dim, inter, num_slots, eps, scale, bf16_weights,
+              static_cast<DType>(kv_dtype)};
     for (const LayerPointers& p : layers) {
       if (p[1] == 0 || p[2] == 0 || p[4] == 0 || p[5] == 0 || p[6] == 0 || p[7] == 0 || p[8] == 0) {
         throw std::invalid_argument("DecoderStack: a layer is missing a required tensor");
@@ -47,8 +49,8 @@ class DecoderStack {
       w.o = reinterpret_cast<const void*>(p[4]);
       w.gate_up = reinterpret_cast<const void*>(p[5]);
       w.down = reinterpret_cast<const void*>(p[6]);
-      w.k_pool = reinterpret_cast<float*>(p[7]);
-      w.v_pool = reinterpret_cast<float*>(p[8]);
+      w.k_pool = reinterpret_cast<void*>(p[7]);
+      w.v_pool = reinterpret_cast<void*>(p[8]);
       layers_.push_back(w);
     }
     weights_.layers = layers_.data();
@@ -163,10 +165,10 @@ void bind_decoder_stack(py::module_& m) {
   py::class_<DecoderStack>(m, "DecoderStack",
                            "Llama decoder layers as one native call for small float32 CPU steps (raw pointers).")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool,
-                    const std::vector<LayerPointers>&, const ModelPointers&, int64_t>(),
+                    const std::vector<LayerPointers>&, const ModelPointers&, int64_t, int>(),
            py::arg("hidden"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("inter"),
            py::arg("num_slots"), py::arg("eps"), py::arg("scale"), py::arg("bf16_weights"), py::arg("layers"),
-           py::arg("model"), py::arg("max_positions"))
+           py::arg("model"), py::arg("max_positions"), py::arg("kv_dtype") = 0)
       .def("forward", &DecoderStack::forward,
            "Runs the stack over x (m, hidden) in place (an MTP head's input projection with features first) and "
            "writes final_norm(x) to out; returns the number of tokens with an out-of-range KV slot.")

@@ -147,16 +147,18 @@ int64_t tree_speculative_sampling(uintptr_t candidates, uintptr_t first_child, u
       });
 }
 
-int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, uintptr_t block_table,
+int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, int kv_dtype, uintptr_t block_table,
                         int64_t batch_size, int64_t max_pages, int64_t page_size,
                         uintptr_t token_seq, uintptr_t key_begin, uintptr_t key_end, uintptr_t tree_begin,
                         uintptr_t tree_mask, uintptr_t out,
                         int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                         int64_t num_slots, float scale, int num_threads) {
+  if (kv_dtype < 0 || kv_dtype > 2) throw std::invalid_argument("paged_attention: invalid kv_dtype");
   py::gil_scoped_release release;
   auto f = [](uintptr_t x) { return reinterpret_cast<const float*>(x); };
   auto i = [](uintptr_t x) { return reinterpret_cast<const int64_t*>(x); };
-  return paged_attention_cpu(f(q), f(k_pool), f(v_pool), i(block_table), batch_size, max_pages, page_size,
+  auto v = [](uintptr_t x) { return reinterpret_cast<const void*>(x); };
+  return paged_attention_cpu(f(q), v(k_pool), v(v_pool), static_cast<DType>(kv_dtype), i(block_table), batch_size, max_pages, page_size,
                              i(token_seq),
                              i(key_begin), i(key_end), i(tree_begin), i(tree_mask), reinterpret_cast<float*>(out),
                              num_tokens, num_heads, num_kv_heads, head_dim, num_slots, scale, num_threads);
@@ -215,7 +217,7 @@ PYBIND11_MODULE(_C, m) {
     rope_cpu(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(cos),
              reinterpret_cast<const float*>(sin), reinterpret_cast<float*>(out), rows, heads, d);
   }, "Rotate-half RoPE, float32 CPU (raw pointers).");
-  m.def("paged_attention", &paged_attention, "Small-query paged attention on the CPU, float32 (raw pointers).");
+  m.def("paged_attention", &paged_attention, "Small-query paged attention on the CPU: float32 queries, float32/float16/bfloat16 pools (raw pointers).");
   m.def("processed_probs", [](uintptr_t logits, uintptr_t probs, int64_t rows, int64_t vocab, float temperature,
                               int64_t top_k, float top_p, int num_threads) {
     py::gil_scoped_release release;

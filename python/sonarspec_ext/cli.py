@@ -47,7 +47,7 @@ def _make_llm(args):
     k = args.num_draft_tokens or _recommended_draft_tokens(args.model, method, args.draft)
     spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=k,
                       tree_top_k=args.tree_top_k, tree_num_nodes=args.tree_nodes)
-    llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype)
+    llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
     return llm, params, method
@@ -100,6 +100,8 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="activation dtype")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="KV cache dtype (auto: bfloat16 on the CPU for bfloat16 weights, else the activation dtype)")
 
 
 def _packaged(name: str) -> bool:

@@ -5,10 +5,13 @@
 // MLP + residual; then an optional final RMSNorm. It calls the same kernels in the same
 // order as the per-op path (small_gemm, rope_cpu, kv_store_cpu, paged_attention_cpu,
 // small_mlp, rms_norm_cpu), so both give bit-identical results; what it removes is the
-// per-op dispatch between them. float32 activations and pools, float32 or bfloat16 weights.
+// per-op dispatch between them. float32 activations; float32 or bfloat16 weights; float32,
+// bfloat16 or float16 KV pools.
 #pragma once
 
 #include <cstdint>
+
+#include "sonarspec/kv_store.h"   // DType
 
 namespace sonarspec {
 
@@ -20,8 +23,8 @@ struct DecoderLayerWeights {
   const void* o = nullptr;            // (hidden, num_heads head_dim)
   const void* gate_up = nullptr;      // (2 inter, hidden): gate rows over up rows
   const void* down = nullptr;         // (hidden, inter)
-  float* k_pool = nullptr;            // (num_slots, num_kv_heads, head_dim)
-  float* v_pool = nullptr;
+  void* k_pool = nullptr;             // (num_slots, num_kv_heads, head_dim) of DecoderShape::kv_dtype
+  void* v_pool = nullptr;
 };
 
 struct DecoderShape {
@@ -29,6 +32,7 @@ struct DecoderShape {
   float eps = 1e-6f;
   float scale = 0.f;   // attention scale (the caller's head_dim ** -0.5)
   bool bf16_weights = false;
+  DType kv_dtype = DType::kFloat32;   // the KV pools': float32, or bfloat16 / float16 (rounded on store)
 };
 
 // The step's attention metadata (see paged_attention.h); tree_begin/tree_mask may be null.

@@ -1,15 +1,18 @@
 // Paged attention for small query counts (decode, verification chains, short prefill
-// chunks) on the CPU, float32. Each query token reads its sequence's keys straight from
+// chunks) on the CPU, float32 queries and outputs. Each query token reads its sequence's keys straight from
 // the page pool through its block table, so no K/V gather or mask tensor is materialised.
 // Framework free: raw pointers and sizes.
 #pragma once
 
 #include <cstdint>
 
+#include "sonarspec/kv_store.h"   // DType
+
 namespace sonarspec {
 
-// q, out: (num_tokens, num_heads, head_dim); k_pool, v_pool: (num_slots, num_kv_heads,
-// head_dim) with slot = page * page_size + offset; block_table: (batch_size, max_pages)
+// q, out: (num_tokens, num_heads, head_dim) float32; k_pool, v_pool: (num_slots,
+// num_kv_heads, head_dim) of kv_dtype (float32, or bfloat16 / float16 widened exactly as
+// they are read) with slot = page * page_size + offset; block_table: (batch_size, max_pages)
 // page ids of each sequence; token_seq: (num_tokens,) row of block_table for each query
 // (every index is checked: a row outside the table, a page id outside the pool or a
 // position past the table reads no keys);
@@ -22,7 +25,7 @@ namespace sonarspec {
 // tokens - a token_seq row outside the table, a key range outside [0, max_pages *
 // page_size), a page id outside the pool, or no key at all - whose output is zero; -1
 // for inconsistent sizes.
-int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_pool,
+int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_pool, DType kv_dtype,
                             const int64_t* block_table, int64_t batch_size, int64_t max_pages,
                             int64_t page_size, const int64_t* token_seq,
                             const int64_t* key_begin, const int64_t* key_end, const int64_t* tree_begin,

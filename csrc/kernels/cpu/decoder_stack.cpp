@@ -81,9 +81,9 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
     gather_rows(qk_rot.data(), qk_dim, q.data(), m, q_dim);
     gather_rows(qk_rot.data() + q_dim, qk_dim, k.data(), m, kv_dim);
     gather_rows(qkv.data() + qk_dim, qkv_dim, v.data(), m, kv_dim);
-    bad += kv_store_cpu(k.data(), v.data(), L.k_pool, L.v_pool, a.slot_mapping, m,
-                              static_cast<int64_t>(sizeof(float)) * kv_dim, s.num_slots);
-    const int64_t no_keys = paged_attention_cpu(q.data(), L.k_pool, L.v_pool, a.block_table, a.batch, a.max_pages,
+    bad += kv_store_rows_cpu(k.data(), v.data(), L.k_pool, L.v_pool, s.kv_dtype, a.slot_mapping, m, kv_dim,
+                             s.num_slots);
+    const int64_t no_keys = paged_attention_cpu(q.data(), L.k_pool, L.v_pool, s.kv_dtype, a.block_table, a.batch, a.max_pages,
                                                 a.page_size, a.token_seq, a.key_begin, a.key_end, a.tree_begin,
                                                 a.tree_mask, att.data(), m, s.num_heads, s.num_kv_heads, s.head_dim,
                                                 s.num_slots, s.scale, num_threads);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kv_convert.h"
 #include "sonarspec/thread_pool.h"
 #include "vec.h"
 
@@ -121,7 +122,7 @@ struct Item {
 
 }  // namespace
 
-int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_pool,
+int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_pool, DType kv_dtype,
                             const int64_t* block_table, int64_t batch_size, int64_t max_pages,
                             int64_t page_size, const int64_t* token_seq,
                             const int64_t* key_begin, const int64_t* key_end, const int64_t* tree_begin,
@@ -195,6 +196,22 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
   std::vector<float> partial(max_splits > 1 ? static_cast<size_t>(num_tokens * num_heads * max_splits * state) : 0);
   std::vector<float> sums(static_cast<size_t>(num_tokens * num_heads), 0.f);   // softmax sums, one split
   static const ChunkUpdate chunk_update = chunk_update_for_cpu();
+  static constexpr int64_t kIdentity[kChunk] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  // One chunk for `rows` rows: float32 pools are read in place, 16-bit ones widened first.
+  auto update = [&](const float* const* qs, const int64_t* slots, int n, int64_t kv_off, int rows, float* m,
+                    float* l, float* const* o) {
+    if (kv_dtype == DType::kFloat32) {
+      chunk_update(qs, static_cast<const float*>(k_pool), static_cast<const float*>(v_pool), slots, n, row, kv_off,
+                   head_dim, rows, scale, m, l, o);
+      return;
+    }
+    thread_local std::vector<float> kv;
+    kv.resize(static_cast<size_t>(2 * kChunk * head_dim));
+    kv_widen_rows(k_pool, kv_dtype, slots, n, row, kv_off, head_dim, kv.data());
+    kv_widen_rows(v_pool, kv_dtype, slots, n, row, kv_off, head_dim, kv.data() + kChunk * head_dim);
+    chunk_update(qs, kv.data(), kv.data() + kChunk * head_dim, kIdentity, n, head_dim, 0, head_dim, rows, scale, m,
+                 l, o);
+  };
   auto run_item = [&](int64_t item_index) {
     const Item& it = items[item_index];
     const Task& task = tasks[it.task];
@@ -226,7 +243,7 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
         const int64_t j = k0.lo + c * kChunk + i;
         slots[i] = k0.pages[j / page_size] * page_size + j % page_size;
       }
-      chunk_update(qs, k_pool, v_pool, slots, kChunk, row, kv_off, head_dim, task.nt * gn, scale, m, l, o);
+      update(qs, slots, kChunk, kv_off, task.nt * gn, m, l, o);
     }
     for (int a = 0; a < task.nt; ++a) {   // then each token's own chunks, in order
       const TokenKeys& tk = keys[task.tokens[a]];
@@ -238,8 +255,7 @@ int64_t paged_attention_cpu(const float* q, const float* k_pool, const float* v_
           slots[i] = pos < tk.prefix ? tk.pages[j / page_size] * page_size + j % page_size
                                      : tk.ancestors[pos - tk.prefix];
         }
-        chunk_update(qs + a * gn, k_pool, v_pool, slots, n, row, kv_off, head_dim, gn, scale, m + a * gn,
-                     l + a * gn, o + a * gn);
+        update(qs + a * gn, slots, n, kv_off, gn, m + a * gn, l + a * gn, o + a * gn);
       }
     }
     for (int a = 0; a < task.nt; ++a) {

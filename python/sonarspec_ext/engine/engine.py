@@ -36,6 +36,9 @@ TIMING_KEYS = ("plan", "draft", "verify", "sample", "wait")
 log = logging.getLogger("sonarspec")
 
 
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
 @dataclass
 class EngineConfig:
     page_size: int = 16
@@ -56,6 +59,10 @@ class EngineConfig:
     freeze_gc: bool = True   # gc.freeze() once built: full collections skip the loaded libraries
     # float32 on the CPU: weight matrices in bfloat16 (models.loader.load_model); False: float32 copies
     compact_weights: bool = True
+    # the target's KV pools: "auto" (bfloat16 on the CPU when the weights are bfloat16, else the
+    # compute dtype), "float32", "bfloat16" or "float16" (16-bit pools halve the bytes attention
+    # reads per token; values are rounded to nearest even as they are stored)
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self):
         for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "num_pages",
@@ -65,6 +72,8 @@ class EngineConfig:
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.spec_max_batch is not None and (not isinstance(self.spec_max_batch, int) or self.spec_max_batch < 0):
             raise ValueError(f"spec_max_batch must be None or an integer >= 0, got {self.spec_max_batch!r}")
 
@@ -97,8 +106,9 @@ class Engine:
         draft_dir, draft_cfg = resolve_draft(self.spec, model_dir, self.tokenizer, self.model_config) or (None, None)
         limits = [self.model_config.max_position_embeddings] + ([draft_cfg.max_position_embeddings] if draft_cfg else [])
         self.max_model_len = min([c.max_model_len or min(limits)] + limits)
-        num_pages = c.num_pages or num_pages_for_budget(
-            c.kv_cache_memory, [self.model_config] + ([draft_cfg] if draft_cfg else []), c.page_size, self.dtype)
+        self.kv_dtype = self._kv_dtype()
+        pools = [(self.model_config, self.kv_dtype)] + ([(draft_cfg, self.dtype)] if draft_cfg else [])
+        num_pages = c.num_pages or num_pages_for_budget(c.kv_cache_memory, pools, c.page_size)
         # a request never outgrows the pool: past what one sequence can hold it finishes with
         # reason "length" (the planner reserves no lookahead past max_model_len) instead of
         # waiting forever for pages
@@ -106,7 +116,7 @@ class Engine:
             raise ValueError(f"the KV pool ({num_pages} pages of {c.page_size} tokens) cannot hold a prompt token "
                              f"and a generated token: raise num_pages or kv_cache_memory")
         self.max_model_len = min(self.max_model_len, num_pages * c.page_size)
-        self.kv_cache = KVCache(self.model_config, num_pages, c.page_size, self.dtype, self.device)
+        self.kv_cache = KVCache(self.model_config, num_pages, c.page_size, self.kv_dtype, self.device)
         self.runner = ModelRunner(self.model, self.kv_cache)
         pc = _C.PlannerConfig()
         pc.num_pages, pc.page_size = num_pages, c.page_size
@@ -132,6 +142,20 @@ class Engine:
         self._step_seq_ids: List[int] = []   # the running step's sequences (failed together if it raises)
         if c.freeze_gc:
             gc.freeze()
+
+    def _kv_dtype(self) -> torch.dtype:
+        """The target's KV pool dtype (EngineConfig.kv_cache_dtype); drafters keep theirs in
+        the compute dtype."""
+        name = self.config.kv_cache_dtype
+        if name == "auto":
+            compact = any(p.dtype == torch.bfloat16 for p in self.model.parameters())
+            return torch.bfloat16 if self.device.type == "cpu" and compact else self.dtype
+        kv = parse_dtype(name)
+        if self.device.type == "cuda" and kv != self.dtype:
+            raise ValueError(f"kv_cache_dtype {name!r}: on CUDA the KV cache keeps the compute dtype ({self.dtype})")
+        if self.device.type == "cpu" and self.dtype != torch.float32 and kv != self.dtype:
+            raise ValueError(f"kv_cache_dtype {name!r}: with compute dtype {self.dtype} the KV cache keeps it")
+        return kv
 
     def runners(self) -> List[ModelRunner]:
         """The target's runner and the drafter's, if it has one."""

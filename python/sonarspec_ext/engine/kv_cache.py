@@ -11,9 +11,10 @@ def bytes_per_page(cfg: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
     return 2 * cfg.num_hidden_layers * page_size * cfg.num_key_value_heads * cfg.head_dim * elem
 
 
-def num_pages_for_budget(memory_bytes: int, cfgs, page_size: int, dtype: torch.dtype) -> int:
-    """How many pages fit in ``memory_bytes`` when every model in ``cfgs`` keeps a pool."""
-    per_page = sum(bytes_per_page(c, page_size, dtype) for c in cfgs)
+def num_pages_for_budget(memory_bytes: int, pools, page_size: int) -> int:
+    """How many pages fit in ``memory_bytes`` when every (config, dtype) in ``pools`` keeps
+    a pool."""
+    per_page = sum(bytes_per_page(c, page_size, dtype) for c, dtype in pools)
     return max(1, int(memory_bytes // per_page))
 
 

@@ -8,6 +8,10 @@ import torch
 from .. import _C
 
 
+
+# sonarspec::DType codes of the native kernels.
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
 def check_tensor(name: str, t, *, dtypes: Optional[Iterable[torch.dtype]] = None, ndim: Optional[int] = None,
                  device: Optional[torch.device] = None, contiguous: bool = True) -> None:
     if not isinstance(t, torch.Tensor):

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _C
-from .checks import check_tensor
+from .checks import DTYPE_CODES, check_tensor
 from .elementwise import NATIVE_MAX_ROWS
 from .linear import COMPACT_MAX_ROWS, SMALL_M_MAX_ROWS, native_threads
 
@@ -30,7 +30,7 @@ class LayerTensors:
     o: torch.Tensor                      # (hidden, num_heads * head_dim)
     gate_up: torch.Tensor                # (2 * inter, hidden): gate rows over up rows
     down: torch.Tensor                   # (hidden, inter)
-    k_pool: torch.Tensor                 # (num_slots, num_kv_heads, head_dim) float32
+    k_pool: torch.Tensor                 # (num_slots, num_kv_heads, head_dim) float32/float16/bfloat16
     v_pool: torch.Tensor
 
 
@@ -63,7 +63,9 @@ class DecoderStack:
             raise ValueError(f"DecoderStack weights must be float32 or bfloat16, got {wdtype}")
         shapes = {"qkv": ((num_heads + 2 * num_kv_heads) * head_dim, hidden), "o": (hidden, num_heads * head_dim),
                   "gate_up": (2 * inter, hidden), "down": (hidden, inter)}
-        pool_shape = tuple(layers[0].k_pool.shape)
+        pool_shape, kv_dtype = tuple(layers[0].k_pool.shape), layers[0].k_pool.dtype
+        if kv_dtype not in DTYPE_CODES:
+            raise ValueError(f"KV pools have dtype {kv_dtype}: float32, float16 or bfloat16 expected")
         if len(pool_shape) != 3 or pool_shape[1] != num_kv_heads:
             raise ValueError(f"KV pools have shape {list(pool_shape)}, expected [slots, {num_kv_heads}, head_dim]")
         for i, L in enumerate(layers):
@@ -81,7 +83,7 @@ class DecoderStack:
                         raise ValueError(f"layer {i} {name} has {t.shape[0]} entries, expected {want}")
             for name in ("k_pool", "v_pool"):
                 t = getattr(L, name)
-                check_tensor(f"layer {i} {name}", t, dtypes=(torch.float32,), ndim=3, device=torch.device("cpu"))
+                check_tensor(f"layer {i} {name}", t, dtypes=(kv_dtype,), ndim=3, device=torch.device("cpu"))
                 if tuple(t.shape) != pool_shape:
                     raise ValueError(f"layer {i} {name} has shape {list(t.shape)}, expected {list(pool_shape)}")
         half = head_dim // 2
@@ -113,7 +115,7 @@ class DecoderStack:
             self.compact, [(p(L.input_norm), p(L.post_norm), p(L.qkv), p(L.qkv_bias), p(L.o), p(L.gate_up),
                             p(L.down), p(L.k_pool), p(L.v_pool)) for L in layers],
             tuple(p(getattr(model, n)) for n in ("cos", "sin", "fc", "fc_bias", "enorm", "hnorm", "final_norm")),
-            model.cos.shape[0])
+            model.cos.shape[0], DTYPE_CODES[kv_dtype])
 
     def accepts(self, x: torch.Tensor) -> bool:
         """Whether ``x`` is a step this stack runs: float32 CPU rows, at most ``max_rows``."""

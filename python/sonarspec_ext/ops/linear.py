@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _C
-from .checks import built_with_cutlass, stream_handle
+from .checks import DTYPE_CODES, built_with_cutlass, stream_handle
 from .elementwise import NATIVE_MAX_ROWS, silu_and_mul
 
 # Largest row count sent to the native small-M kernel on CPU: one pass over the weights
@@ -109,7 +109,7 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     return F.linear(x, weight, bias)
 
 
-_DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2}   # sonarspec::DType
+_DTYPE_CODES = {d: DTYPE_CODES[d] for d in (torch.float16, torch.bfloat16)}   # the CUTLASS GEMM's
 
 
 def _cutlass_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Paged attention for small query counts, native on the CPU (float32)."""
+"""Paged attention for small query counts, native on the CPU (float32 queries)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 
 from .. import _C
-from .checks import check_tensor
+from .checks import DTYPE_CODES, check_tensor
 from .linear import native_threads
 
 
@@ -15,7 +15,8 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                     scale: float, tree_begin: Optional[torch.Tensor] = None,
                     tree_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q (num_tokens, num_heads, head_dim) float32 CPU; k_pool, v_pool (num_slots,
-    num_kv_heads, head_dim), slot = page * page_size + offset; block_table (batch_size,
+    num_kv_heads, head_dim) float32, bfloat16 or float16 (widened exactly as read), slot =
+    page * page_size + offset; block_table (batch_size,
     max_pages) int64 page ids; token_seq, key_begin, key_end (num_tokens,) int64: query t
     attends to positions [key_begin[t], key_end[t]) of sequence token_seq[t]. With ``tree_begin``/``tree_mask`` (num_tokens,) int64 it also
     attends to positions tree_begin[t] + j for each bit j of tree_mask[t] (draft-tree
@@ -26,8 +27,9 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     if q.device.type != "cpu":
         raise ValueError(f"paged_attention runs on the CPU; q is on {q.device}")
     T, H, D = q.shape
+    check_tensor("k_pool", k_pool, dtypes=tuple(DTYPE_CODES), ndim=3, device=q.device)
     for name, t in (("k_pool", k_pool), ("v_pool", v_pool)):
-        check_tensor(name, t, dtypes=(torch.float32,), ndim=3, device=q.device)
+        check_tensor(name, t, dtypes=(k_pool.dtype,), ndim=3, device=q.device)
         if t.shape[2] != D or H % t.shape[1]:
             raise ValueError(f"{name} has shape {list(t.shape)}: head_dim must be {D} and num_kv_heads divide {H}")
     if v_pool.shape != k_pool.shape:
@@ -43,7 +45,8 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         if t.shape[0] != T:
             raise ValueError(f"{name} has {t.shape[0]} entries, expected {T} (one per query token)")
     out = torch.empty(T, H * D, dtype=torch.float32)
-    no_keys = _C.paged_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), block_table.data_ptr(),
+    no_keys = _C.paged_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), DTYPE_CODES[k_pool.dtype],
+                                 block_table.data_ptr(),
                                  block_table.shape[0], block_table.shape[1], page_size,
                                  token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(),
                                  0 if tree_begin is None else tree_begin.data_ptr(),
