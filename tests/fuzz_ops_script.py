@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sonarspec_ext import ops
-from sonarspec_ext.ops.reference import (chain_speculative_sampling_reference, kv_store_reference,
+from sonarspec_ext.testing.reference import (chain_speculative_sampling_reference, kv_store_reference,
                                          paged_attention_reference, shifted_scatter_reference)
 
 EXAMPLES = int(sys.argv[1]) if len(sys.argv) > 1 else 150

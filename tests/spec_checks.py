@@ -6,7 +6,7 @@ import torch
 
 from conftest import hf_load
 from sonarspec_ext import SamplingParams
-from sonarspec_ext.ops.reference import filter_logits
+from sonarspec_ext.testing.reference import filter_logits
 from stats import assert_matches
 
 

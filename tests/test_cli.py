@@ -87,7 +87,7 @@ def test_bench_eagle_tree_sets_trees_beside_chains_and_times_attention(llama_dir
 
 
 def test_bench_spec_records_a_failing_scheme_and_measures_the_rest(llama_dir, draft_dir, monkeypatch, capsys):
-    import sonarspec_ext.bench_spec as bs
+    import sonarspec_ext.bench.spec as bs
     run = bs._run_llm
 
     def flaky(llm, *args):

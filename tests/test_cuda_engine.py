@@ -84,8 +84,8 @@ def test_cuda_graphs_keep_greedy_output(name, plain_cuda):
 def test_cuda_graph_logits_match_the_eager_forward():
     """One verification step (5 queries over 70 cached keys, padded to 128): graph replay
     against the eager per-op forward on the same inputs, float32."""
-    from sonarspec_ext.engine.cuda_graphs import StepGraphs
-    from sonarspec_ext.engine.metadata import build_metadata
+    from sonarspec_ext.runtime.cuda_graphs import StepGraphs
+    from sonarspec_ext.runtime.metadata import build_metadata
     runner = LLM("default", device="cuda", dtype="float32").engine.runner
     table = list(range(6))
     meta, pos = build_metadata([(0, 70, table)], runner.kv_cache.page_size, "cuda")

@@ -4,9 +4,9 @@ plain decoding, draft_target and MTP at batch 1 and 5, across key buckets; the g
 table's limit, the fallback after a failed capture, and the engine option's errors."""
 import pytest
 
-import sonarspec_ext.engine.cuda_graphs as cg
+import sonarspec_ext.runtime.cuda_graphs as cg
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
-from sonarspec_ext.bench_spec import PROMPTS
+from sonarspec_ext.bench.spec import PROMPTS
 
 SPECS = {"plain": SpecConfig(), "draft_target": SpecConfig(method="draft_target", draft="default", num_draft_tokens=4),
          "mtp": SpecConfig(method="mtp", draft="default", num_draft_tokens=3)}

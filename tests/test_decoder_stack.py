@@ -9,8 +9,8 @@ import torch
 
 from conftest import make_hf_model
 from mtp_fixtures import random_head
-from sonarspec_ext.engine.kv_cache import KVCache
-from sonarspec_ext.engine.metadata import TreeBlock, build_metadata
+from sonarspec_ext.runtime.kv_cache import KVCache
+from sonarspec_ext.runtime.metadata import TreeBlock, build_metadata
 from sonarspec_ext.layers.attention import TorchPagedAttention
 from sonarspec_ext.models.loader import load_model
 from sonarspec_ext.ops.decoder_stack import DecoderStack, LayerTensors, ModelTensors

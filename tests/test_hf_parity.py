@@ -4,9 +4,9 @@ import torch
 
 from conftest import hf_load
 from sonarspec_ext import _C
-from sonarspec_ext.engine.kv_cache import KVCache
-from sonarspec_ext.engine.metadata import TreeBlock, build_metadata, tree_bits
-from sonarspec_ext.engine.runner import ModelRunner
+from sonarspec_ext.runtime.kv_cache import KVCache
+from sonarspec_ext.runtime.metadata import TreeBlock, build_metadata, tree_bits
+from sonarspec_ext.runtime.runner import ModelRunner
 from sonarspec_ext.models.loader import load_model
 
 

@@ -136,7 +136,7 @@ def _drive(planners, seed, iterations=500, lookahead=3):
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_native_planner_matches_the_python_reference_sync_and_async(seed):
-    from sonarspec_ext.engine.reference_planner import ReferencePlanner
+    from sonarspec_ext.testing.reference_planner import ReferencePlanner
     native = planner(num_pages=40, page_size=4, max_num_seqs=6, budget=48, max_len=400)
     ref = ReferencePlanner(40, 4, 6, 48, 400)
     n, preemptions = _drive([native, ref], seed)
@@ -154,8 +154,8 @@ def test_async_errors_surface_at_wait_and_plans_keep_call_order():
 
 def test_native_metadata_matches_the_python_reference():
     import numpy as np
-    from sonarspec_ext.engine.metadata import TreeBlock
-    from sonarspec_ext.engine.reference_planner import build_metadata_reference
+    from sonarspec_ext.runtime.metadata import TreeBlock
+    from sonarspec_ext.testing.reference_planner import build_metadata_reference
     rng = np.random.default_rng(0)
     for trial in range(60):
         page_size = int(rng.choice([1, 3, 16]))

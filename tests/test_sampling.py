@@ -5,8 +5,8 @@ import torch
 
 from conftest import hf_load
 from sonarspec_ext import LLM, SamplingParams
-from sonarspec_ext.engine.sampler import sample_from_probs
-from sonarspec_ext.ops.reference import filter_logits
+from sonarspec_ext.sampling.sampler import sample_from_probs
+from sonarspec_ext.testing.reference import filter_logits
 from stats import assert_matches
 
 def test_exponential_race_matches_distribution():
@@ -75,7 +75,7 @@ def test_native_processed_probs_match_the_torch_reference(temperature, top_k, to
     """ops.sampling.processed_probs against softmax(filter_logits): the same support up to a
     boundary token and probabilities within float32 rounding, on peaked and flat rows;
     ties at the k-th value keep every tied token."""
-    from sonarspec_ext.ops.reference import processed_probs_reference
+    from sonarspec_ext.testing.reference import processed_probs_reference
     from sonarspec_ext.ops.sampling import processed_probs
     g = torch.Generator().manual_seed(vocab)
     logits = torch.cat([torch.randn(6, vocab, generator=g) * 3, torch.randn(2, vocab, generator=g) * 0.1])
@@ -99,8 +99,8 @@ def test_native_processed_probs_match_the_torch_reference(temperature, top_k, to
 def test_native_sampler_draws_the_processed_distribution():
     """engine.sampler.sample on the CPU (native distribution, inverse-CDF draws from each
     request's generator) against the processed probabilities: chi-square at 0.001."""
-    from sonarspec_ext.engine.sampler import sample
-    from sonarspec_ext.ops.reference import processed_probs_reference
+    from sonarspec_ext.sampling.sampler import sample
+    from sonarspec_ext.testing.reference import processed_probs_reference
     logits = torch.randn(1, 40, generator=torch.Generator().manual_seed(3)) * 2
     params = SamplingParams(temperature=0.9, top_k=25, top_p=0.9)
     probs = processed_probs_reference(logits, 0.9, 25, 0.9)[0].double()
@@ -113,7 +113,7 @@ def test_native_sampler_draws_the_processed_distribution():
 
 
 def test_top_tokens_equal_torch_argmax_ties_and_nan_included():
-    from sonarspec_ext.engine.sampler import top_tokens
+    from sonarspec_ext.sampling.sampler import top_tokens
     g = torch.Generator().manual_seed(5)
     x = torch.randn(7, 8192, generator=g)
     x[1, 10] = x[1, 20] = x[1].max() + 1          # tie: the first index wins

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from sonarspec_ext import _C, ops
-from sonarspec_ext.ops.reference import shifted_scatter_reference
+from sonarspec_ext.testing.reference import shifted_scatter_reference
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and _C.cuda_available() else [])
 

@@ -78,7 +78,7 @@ def test_emitted_tokens_follow_the_target(point_mass_draft):
 def test_device_verification_equals_the_reference_draw_for_draw(k, sampled_q):
     """spec.verify.verify_chain_device (vectorised, no host sync) draws the same uniforms
     from the generator as the op and returns the reference's tokens."""
-    from sonarspec_ext.ops.reference import chain_speculative_sampling_reference
+    from sonarspec_ext.testing.reference import chain_speculative_sampling_reference
     from sonarspec_ext.params import SamplingParams
     from sonarspec_ext.spec.verify import verify_chain_device
     params = SamplingParams(temperature=1.0)
@@ -117,7 +117,7 @@ def _random_case(B, K, V, seed, point_mass):
 def test_native_equals_the_reference_draw_for_draw(B, K, V, point_mass):
     """Same uniforms -> same tokens and counts as the torch reference (which builds one-hot
     rows for point-mass drafts; the native kernel needs none)."""
-    from sonarspec_ext.ops.reference import chain_speculative_sampling_reference
+    from sonarspec_ext.testing.reference import chain_speculative_sampling_reference
     q, ids, p, u = _random_case(B, K, V, seed=B * 1000 + K * 10 + V % 7, point_mass=point_mass)
     got = ops.chain_speculative_sampling(q, ids, p, uniforms=u)
     want = chain_speculative_sampling_reference(q, ids, p, u)

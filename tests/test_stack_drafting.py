@@ -8,7 +8,7 @@ import torch
 
 import sonarspec_ext.spec.proposer as proposer_mod
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
-from sonarspec_ext.engine.runner import ModelRunner
+from sonarspec_ext.runtime.runner import ModelRunner
 from sonarspec_ext.ops.stack_drafting import chain, rows_forward
 from sonarspec_ext.spec.proposer import native_chains
 

@@ -3,7 +3,7 @@ taken here on the CPU) come back with their contents, dtypes and shapes."""
 import numpy as np
 import torch
 
-from sonarspec_ext.engine.transfer import to_device
+from sonarspec_ext.runtime.transfer import to_device
 
 
 def test_packed_transfer_keeps_every_array():

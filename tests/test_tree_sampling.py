@@ -144,7 +144,7 @@ def test_one_hot_target_follows_its_path_and_bad_inputs_are_refused():
 def test_native_tree_sampler_equals_the_reference_draw_for_draw(B, V, sampled):
     """Random trees (up to 12 nodes), same uniforms: same tokens, paths and counts as the
     torch reference, with point-mass and sampled children."""
-    from sonarspec_ext.ops.reference import tree_speculative_sampling_reference
+    from sonarspec_ext.testing.reference import tree_speculative_sampling_reference
     g = torch.Generator().manual_seed(B + V)
     N = 12
     parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, N)]

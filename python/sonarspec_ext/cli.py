@@ -42,7 +42,8 @@ def _recommended_draft_tokens(model: str, method: str, draft: str) -> int:
 
 def _make_llm(args):
     """The LLM and sampling parameters the model and speculation options describe."""
-    from . import LLM, SamplingParams, SpecConfig
+    from .llm import LLM
+    from .params import SamplingParams, SpecConfig
     method = _auto_spec(args.model) if args.spec == "auto" else args.spec
     k = args.num_draft_tokens or _recommended_draft_tokens(args.model, method, args.draft)
     spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=k,
@@ -116,7 +117,7 @@ def _packaged(name: str) -> bool:
 def _bench(args) -> int:
     from .bench import bench_decode, print_table, write_json
     if args.spec in ("all", "mtp", "eagle_tree"):
-        from .bench_spec import bench_spec, plot_spec, print_spec_table
+        from .bench.spec import bench_spec, plot_spec, print_spec_table
         target = "default" if args.model == "synthetic-30m" else args.model
         mtp = args.mtp if args.mtp != "default" or _packaged("mtp") else None
         mtp = None if mtp == "none" else mtp
@@ -133,7 +134,7 @@ def _bench(args) -> int:
                           device=args.device, dtype=args.dtype, temperature=args.temperature, top_p=args.top_p,
                           draft_sampling=args.draft_sampling, cuda_graphs=args.cuda_graphs)
         if tree:
-            from .bench_attention import bench_tree_attention, print_attention_table
+            from .bench.attention import bench_tree_attention, print_attention_table
             from .models.loader import load_config
             info["attention"] = bench_tree_attention(load_config(info["target"]))
         print_spec_table(info)

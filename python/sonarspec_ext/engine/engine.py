@@ -21,16 +21,16 @@ from ..models.config import ModelConfig
 from ..models.loader import load_model, load_tokenizer, parse_dtype
 from ..ops.linear import native_gemm_threads
 from ..params import SamplingParams, SpecConfig
-from .kv_cache import KVCache, num_pages_for_budget
+from ..runtime.kv_cache import KVCache, num_pages_for_budget
 from .request_stats import RequestTotals
-from .runner import ModelRunner
+from ..runtime.runner import ModelRunner
 from .sequence import Sequence
 from ..spec.factory import make_proposer, resolve_draft
 from .generic_step import generic_step
 from .sync_free import sync_free_step
-from .cuda_graphs import StepGraphs
-from .metadata import TreeBlock
-from .transfer import to_device
+from ..runtime.cuda_graphs import StepGraphs
+from ..runtime.metadata import TreeBlock
+from ..runtime.transfer import to_device
 
 TIMING_KEYS = ("plan", "draft", "verify", "sample", "wait")
 log = logging.getLogger("sonarspec")
@@ -54,7 +54,7 @@ class EngineConfig:
     # compete with the kernels' threads for the cores)
     async_planning: Optional[bool] = None
     # CUDA only: small steps whose sequences all have the same number of query tokens
-    # (decoding, chain verification, draft rounds) run as CUDA graphs (engine/cuda_graphs.py)
+    # (decoding, chain verification, draft rounds) run as CUDA graphs (runtime/cuda_graphs.py)
     cuda_graphs: bool = False
     freeze_gc: bool = True   # gc.freeze() once built: full collections skip the loaded libraries
     # float32 on the CPU: weight matrices in bfloat16 (models.loader.load_model); False: float32 copies

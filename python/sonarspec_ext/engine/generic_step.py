@@ -7,7 +7,7 @@ from typing import List
 
 from ..spec.proposer import StepRecord
 from ..spec.verify import verify_chains, verify_tree
-from .sampler import sample
+from ..sampling.sampler import sample
 
 
 def generic_step(engine, batch, drafts) -> List:

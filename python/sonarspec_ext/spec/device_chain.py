@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..engine.metadata import build_metadata
+from ..runtime.metadata import build_metadata
 from ..layers.attention import PagedAttentionMetadata
 
 

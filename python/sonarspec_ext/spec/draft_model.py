@@ -14,8 +14,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from ..engine.kv_cache import KVCache
-from ..engine.runner import ModelRunner
+from ..runtime.kv_cache import KVCache
+from ..runtime.runner import ModelRunner
 from ..models.loader import load_model
 from .proposer import Draft, Proposer, StepRecord, flush_waiting, propose_chains, waiting_rows, whole_chains
 

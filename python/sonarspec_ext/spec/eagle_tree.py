@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..engine.metadata import NATIVE_ATTENTION_MAX_TOKENS, TreeBlock
+from ..runtime.metadata import NATIVE_ATTENTION_MAX_TOKENS, TreeBlock
 from .mtp import MTPProposer
 from .proposer import Draft
 from .tree import TreeBuilder, max_expanded

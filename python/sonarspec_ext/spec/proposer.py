@@ -11,7 +11,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..engine.sampler import draw, processed_probs, top_tokens
+from ..sampling.sampler import draw, processed_probs, top_tokens
 from ..ops.stack_drafting import block_table, chain, fits
 from .device_chain import chain_length, device_chains
 

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..engine.metadata import TREE_MAX_NODES, tree_bits
+from ..runtime.metadata import TREE_MAX_NODES, tree_bits
 
 
 @dataclass

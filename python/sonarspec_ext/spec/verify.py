@@ -11,8 +11,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from .. import ops
-from ..engine.sampler import processed_probs, processed_probs_rows, top_tokens
-from ..ops.reference import inverse_cdf
+from ..sampling.sampler import inverse_cdf, processed_probs, processed_probs_rows, top_tokens
 from .proposer import Draft
 
 

@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..engine.kv_cache import KVCache
-from ..engine.runner import ModelRunner
+from ..runtime.kv_cache import KVCache
+from ..runtime.runner import ModelRunner
 from ..models.loader import parse_dtype
 
 SHARD_WINDOWS = 256

@@ -1,5 +1,8 @@
-"""Torch reference implementations of the native ops (test oracles and fallbacks)."""
+"""Torch reference implementations of the native ops: the tests' oracles."""
 import torch
+
+from ..ops.sampling import filter_logits, processed_probs_reference  # noqa: F401 (oracles too)
+from ..sampling.sampler import inverse_cdf
 
 
 def kv_store_reference(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -14,14 +17,6 @@ def _sample_row(probs: torch.Tensor, generator) -> int:
     """One draw from an (unnormalised, non-negative) row via the exponential race."""
     e = torch.empty_like(probs, dtype=torch.float64).exponential_(generator=generator)
     return int((probs.double() / e).argmax())
-
-
-def inverse_cdf(residual: torch.Tensor, u) -> torch.Tensor:
-    """Index drawn from a non-negative float64 row by inverse CDF: the first index whose
-    running sum exceeds ``u`` times the row's total (the row itself when it sums to zero is
-    the caller's concern). Works on device tensors without a host sync."""
-    cum = residual.cumsum(0)
-    return (cum > u * cum[-1]).int().argmax()
 
 
 def chain_speculative_sampling_reference(draft_probs, draft_token_ids, target_probs, uniforms):
@@ -161,28 +156,3 @@ def tree_speculative_sampling_reference(candidates, first_child, next_sibling, t
         accept_index[b, :len(path) + 1] = torch.tensor([0] + path)
         num_accepted[b] = len(path)
     return out, accept_index, num_accepted
-
-
-def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Processed logits of shape (n, vocab_size): divided by ``temperature`` (> 0), then
-    everything outside the top-k and outside the smallest nucleus of mass >= top_p set
-    to -inf. The processed distribution is ``softmax`` of the result."""
-    logits = logits.float() / temperature
-    vocab = logits.shape[-1]
-    if 0 < top_k < vocab:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        mass_before = probs.cumsum(-1) - probs
-        remove_sorted = mass_before >= top_p
-        remove_sorted[..., 0] = False
-        remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
-        logits = logits.masked_fill(remove, float("-inf"))
-    return logits
-
-
-def processed_probs_reference(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """softmax of ``filter_logits``: the torch twin of ``ops.sampling.processed_probs``."""
-    return filter_logits(logits, temperature, top_k, top_p).softmax(-1)

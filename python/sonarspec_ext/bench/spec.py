@@ -17,10 +17,10 @@ from typing import List, Optional
 
 import torch
 
-from .assets import resolve
-from .bench import median_time
-from .llm import LLM
-from .params import SamplingParams, SpecConfig
+from ..assets import resolve
+from . import median_time
+from ..llm import LLM
+from ..params import SamplingParams, SpecConfig
 
 PROMPTS = [
     "def parse_args(argv):\n",

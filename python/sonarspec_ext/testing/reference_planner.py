@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .metadata import TREE_MAX_NODES
+from ..runtime.metadata import TREE_MAX_NODES
 
 
 class ReferencePlanner:

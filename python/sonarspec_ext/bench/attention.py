@@ -12,12 +12,12 @@ from typing import List, Sequence
 import numpy as np
 import torch
 
-from .bench import median_us
-from .engine.kv_cache import KVCache
-from .engine.metadata import TreeBlock, build_metadata
-from .layers.attention import TorchPagedAttention
-from .models.config import ModelConfig
-from .spec.tree import DraftTree
+from . import median_us
+from ..runtime.kv_cache import KVCache
+from ..runtime.metadata import TreeBlock, build_metadata
+from ..layers.attention import TorchPagedAttention
+from ..models.config import ModelConfig
+from ..spec.tree import DraftTree
 
 
 def _bushy_tree(num_tokens: int, top_k: int) -> DraftTree:

@@ -16,14 +16,14 @@ from typing import List, Optional
 
 import torch
 
-from .assets import resolve
-from .llm import LLM
-from .models.config import ModelConfig
-from .models.gguf import gguf_file
-from .models.llama import LlamaForCausalLM
-from .models.loader import save_model
-from .models.tokenizer import write_byte_tokenizer
-from .params import SamplingParams
+from ..assets import resolve
+from ..llm import LLM
+from ..models.config import ModelConfig
+from ..models.gguf import gguf_file
+from ..models.llama import LlamaForCausalLM
+from ..models.loader import save_model
+from ..models.tokenizer import write_byte_tokenizer
+from ..params import SamplingParams
 
 SYNTHETIC_30M = dict(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
                      num_attention_heads=8, num_key_value_heads=4, head_dim=64,

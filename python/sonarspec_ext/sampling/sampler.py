@@ -76,3 +76,11 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
         for i, tok in zip(rows, draw(probs, [generators[i] for i in rows])):
             out[i] = tok
     return out
+
+
+def inverse_cdf(residual: torch.Tensor, u) -> torch.Tensor:
+    """Index drawn from a non-negative float64 row by inverse CDF: the first index whose
+    running sum exceeds ``u`` times the row's total (the row itself when it sums to zero is
+    the caller's concern). Works on device tensors without a host sync."""
+    cum = residual.cumsum(0)
+    return (cum > u * cum[-1]).int().argmax()

@@ -1,0 +1,1 @@
+"""Sampling: the sampler, shared by the engine and the drafters."""
