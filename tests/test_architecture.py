@@ -17,7 +17,7 @@ RANKS = {
     "spec": 4,                                           # proposers and verification
     "engine": 5,                                         # scheduling glue, step strategies
     "llm": 6,                                            # the API
-    "chat_cli": 7, "train": 7, "bench": 7,               # applications of the API
+    "chat_cli": 7, "train": 7, "bench": 7, "server": 7,  # applications of the API
     "cli": 8, "__init__": 9,
     "testing": 10,                                       # test oracles: import anything, imported by nothing
 }

@@ -202,6 +202,30 @@ def _add_train_mtp(sub) -> None:
     t.set_defaults(func=_train_mtp)
 
 
+def _serve(args) -> int:
+    from .server.app import ServerLimits, serve
+    llm, _, method = _make_llm(args)
+    name = args.served_model_name or args.model
+    print(f"sonarspec serve: {args.model} (as {name!r}), spec={method}, http://{args.host}:{args.port}/v1",
+          file=sys.stderr)
+    serve(llm, name, args.host, args.port, args.api_key,
+          ServerLimits(args.max_body_bytes, args.max_prompt_tokens, args.max_tokens_limit))
+    return 0
+
+
+def _add_serve(sub) -> None:
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    _add_model_args(s, max_tokens=16, temperature=1.0)
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    s.add_argument("--port", type=positive_int, default=8000)
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every /v1 route")
+    s.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
+    s.add_argument("--max-prompt-tokens", type=positive_int, default=None, help="longest prompt accepted")
+    s.add_argument("--max-tokens-limit", type=positive_int, default=4096, help="largest max_tokens accepted")
+    s.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="largest request body accepted")
+    s.set_defaults(func=_serve)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="sonarspec", description="LLM inference built for speculative decoding")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -250,6 +274,7 @@ def main(argv=None) -> int:
     b.add_argument("--json", default=None, help="write results to this JSON file")
     b.set_defaults(func=_bench)
     _add_train_mtp(sub)
+    _add_serve(sub)
     args = ap.parse_args(argv)
     try:
         return args.func(args)

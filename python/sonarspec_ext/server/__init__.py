@@ -1,0 +1,1 @@
+"""`sonarspec serve`: an OpenAI-compatible HTTP server on the speculative engine."""

@@ -1,0 +1,275 @@
+"""The HTTP app: OpenAI's /v1/completions and /v1/chat/completions (streamed over SSE or
+whole), /v1/models, /health and Prometheus /metrics, in front of one EngineLoop."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from typing import Any, Dict, List, Optional, Tuple
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from ..llm import LLM
+from ..params import SamplingParams
+from .engine_loop import Delta, Done, EngineLoop
+from .metrics import Metrics
+from .protocol import (ChatCompletionRequest, CompletionRequest, chunk_body, completion_body, error_body, new_id,
+                       usage)
+
+
+class ServerLimits:
+    def __init__(self, max_body_bytes: int = 1 << 20, max_prompt_tokens: Optional[int] = None,
+                 max_tokens: int = 4096):
+        self.max_body_bytes, self.max_prompt_tokens, self.max_tokens = max_body_bytes, max_prompt_tokens, max_tokens
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, param: Optional[str] = None, kind="invalid_request_error"):
+        super().__init__(message)
+        self.status, self.param, self.kind = status, param, kind
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", param: Optional[str] = None):
+    return JSONResponse(error_body(message, kind, code=str(status), param=param), status_code=status)
+
+
+def create_app(llm: LLM, model_name: str, api_key: Optional[str] = None,
+               limits: Optional[ServerLimits] = None) -> FastAPI:
+    """The app; its engine thread starts with the app and stops with it."""
+    limits = limits or ServerLimits()
+    metrics = Metrics()
+    loop = EngineLoop(llm, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        loop.start()
+        try:
+            yield
+        finally:
+            loop.stop()
+
+    app = FastAPI(title="sonarspec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.engine_loop = loop
+    max_len = llm.engine.max_model_len
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next):
+        if request.url.path.startswith("/v1"):
+            if api_key is not None:
+                auth = request.headers.get("authorization", "")
+                given = auth[7:] if auth.lower().startswith("bearer ") else ""
+                if not hmac.compare_digest(given.encode(), api_key.encode()):
+                    return _error(401, "invalid or missing API key (Authorization: Bearer <key>)",
+                                  "authentication_error")
+            size = request.headers.get("content-length")
+            if size is not None and (not size.isdigit() or int(size) > limits.max_body_bytes):
+                return _error(413, f"request body larger than {limits.max_body_bytes} bytes")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_, exc: RequestValidationError):
+        return _error(400, _describe(exc.errors()))
+
+    @app.exception_handler(BadRequest)
+    async def _bad(_, exc: BadRequest):
+        return _error(exc.status, str(exc), exc.kind, exc.param)
+
+    @app.get("/health")
+    async def health():
+        return JSONResponse({"status": "ok"} if loop.alive else {"status": "engine stopped"},
+                            status_code=200 if loop.alive else 503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "sonarspec", "max_model_len": max_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = await _parse(request, CompletionRequest, limits)
+        ids = _prompt_ids(llm, req.prompt)
+        params = _params(req, req.max_tokens, 16, len(ids), limits, max_len)
+        return await _respond(request, loop, ids, params, req, model_name, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = await _parse(request, ChatCompletionRequest, limits)
+        messages = [{"role": m.role, "content": _content(m.content)} for m in req.messages]
+        try:
+            ids, turn = llm.chat_request(messages, SamplingParams(max_tokens=1))
+        except ValueError as e:
+            raise BadRequest(str(e), param="messages") from None
+        params = replace(_params(req, req.max_completion_tokens or req.max_tokens, None, len(ids), limits, max_len),
+                         stop_token_ids=turn.stop_token_ids)
+        return await _respond(request, loop, ids, params, req, model_name, chat=True)
+
+    def _check_model(req):
+        if req.model is not None and req.model != model_name:
+            raise BadRequest(f"model {req.model!r} is not served here; this server serves {model_name!r}",
+                             status=404, param="model", kind="not_found_error")
+
+    app.state.check_model = _check_model
+    return app
+
+
+def _describe(errors) -> str:
+    parts = []
+    for e in errors:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
+    return "invalid request: " + "; ".join(parts)
+
+
+async def _parse(request: Request, model, limits: ServerLimits):
+    body = await request.body()
+    if len(body) > limits.max_body_bytes:
+        raise BadRequest(f"request body larger than {limits.max_body_bytes} bytes", status=413)
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(f"request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    try:
+        req = model.model_validate(data)
+    except ValidationError as e:
+        raise BadRequest(_describe(e.errors())) from None
+    request.app.state.check_model(req)
+    if req.n != 1:
+        raise BadRequest(f"n = {req.n} is not supported: one choice per request (n = 1)", param="n")
+    if req.logprobs not in (None, False, 0):
+        raise BadRequest("logprobs are not supported", param="logprobs")
+    return req
+
+
+def _content(content) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise BadRequest("message content parts must be text parts ({'type': 'text', 'text': ...})",
+                             param="messages")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _prompt_ids(llm: LLM, prompt) -> List[int]:
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            raise BadRequest("one prompt per request (a list of prompts is not supported)", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return llm.tokenizer.encode(prompt)
+    vocab = llm.engine.model_config.vocab_size
+    if not prompt or any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt):
+        raise BadRequest(f"prompt token ids must be a non-empty list of integers in [0, {vocab})", param="prompt")
+    return list(prompt)
+
+
+def _params(req, max_tokens: Optional[int], default: Optional[int], prompt_len: int, limits: ServerLimits,
+            max_len: int) -> SamplingParams:
+    if prompt_len == 0:
+        raise BadRequest("the prompt is empty", param="prompt")
+    room = max_len - prompt_len
+    if limits.max_prompt_tokens is not None and prompt_len > limits.max_prompt_tokens:
+        raise BadRequest(f"the prompt has {prompt_len} tokens; this server takes at most {limits.max_prompt_tokens}",
+                         param="prompt")
+    if room < 1:
+        raise BadRequest(f"the prompt has {prompt_len} tokens; the model's context is {max_len}", param="prompt")
+    if max_tokens is not None and max_tokens > limits.max_tokens:
+        raise BadRequest(f"max_tokens {max_tokens} is above this server's limit of {limits.max_tokens}",
+                         param="max_tokens")
+    n = max_tokens if max_tokens is not None else (default or min(room, limits.max_tokens))
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop
+    try:
+        return SamplingParams(max_tokens=min(n, room), temperature=req.temperature, top_k=max(0, req.top_k),
+                              top_p=req.top_p, seed=req.seed, stop=stop or None, ignore_eos=req.ignore_eos)
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+
+
+async def _events(loop: EngineLoop, ids, params, request: Request):
+    """Yields the request's Delta events, then its Done; aborts it if the client leaves."""
+    out: asyncio.Queue = asyncio.Queue()
+    key = loop.submit(ids, params, out, asyncio.get_running_loop())
+    done = False
+    try:
+        while True:
+            try:
+                ev = await asyncio.wait_for(out.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    return
+                continue
+            yield ev
+            if isinstance(ev, Done):
+                done = True
+                return
+    finally:
+        if not done:
+            loop.abort(key)
+
+
+def _spec(stats: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: stats[k] for k in ("num_draft_tokens", "num_accepted_tokens", "acceptance_length") if k in stats}
+
+
+async def _respond(request: Request, loop: EngineLoop, ids, params, req, model_name: str, chat: bool):
+    rid = new_id("chatcmpl" if chat else "cmpl")
+    if not req.stream:
+        text: List[str] = []
+        async for ev in _events(loop, ids, params, request):
+            if isinstance(ev, Delta):
+                text.append(ev.text)
+            elif ev.finish_reason == "error":
+                return _error(400 if ev.completion_tokens == 0 else 500, ev.error or "generation failed",
+                              "invalid_request_error" if ev.completion_tokens == 0 else "server_error")
+            else:
+                return completion_body(rid, model_name, "".join(text), ev.finish_reason,
+                                       usage(ev.prompt_tokens, ev.completion_tokens), chat, _spec(ev.stats))
+        return _error(499, "client closed the request")
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    created = int(time.time())
+
+    async def sse():
+        yield _sse(chunk_body(rid, model_name, created, chat, text="" if chat else None, role=True))
+        async for ev in _events(loop, ids, params, request):
+            if isinstance(ev, Delta):
+                if ev.text:
+                    yield _sse(chunk_body(rid, model_name, created, chat, text=ev.text))
+                continue
+            if ev.finish_reason == "error":
+                yield _sse(error_body(ev.error or "generation failed", "server_error"))
+            else:
+                yield _sse(chunk_body(rid, model_name, created, chat, reason=ev.finish_reason))
+            if include_usage:
+                body = chunk_body(rid, model_name, created, chat)
+                body["choices"], body["usage"] = [], usage(ev.prompt_tokens, ev.completion_tokens)
+                yield _sse(body)
+            yield "data: [DONE]\n\n"
+
+    return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _sse(body: Dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def serve(llm: LLM, model_name: str, host: str = "127.0.0.1", port: int = 8000, api_key: Optional[str] = None,
+          limits: Optional[ServerLimits] = None) -> None:
+    import uvicorn
+    uvicorn.run(create_app(llm, model_name, api_key, limits), host=host, port=port, log_level="info")
+
+
+__all__: Tuple[str, ...] = ("create_app", "serve", "ServerLimits")
