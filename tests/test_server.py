@@ -34,7 +34,7 @@ def server(tmp_path_factory):
     spec = SpecConfig(method="mtp", draft=resolve("default", "mtp"), num_draft_tokens=2)
     llm = LLM(model, spec=spec)
     app = create_app(llm, "tiny", api_key=KEY, limits=ServerLimits(max_body_bytes=20_000, max_prompt_tokens=300,
-                                                                    max_tokens=200))
+                                                                    max_tokens=1000))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -120,9 +120,14 @@ def test_concurrent_clients_share_batches_and_get_their_own_answers(server):
 
 @pytest.mark.parametrize("body,status,words", [
     ({"prompt": "x", "n": 2}, 400, "n = 2"),
+    ({"prompt": "x", "max_tokens": -3}, 400, "max_tokens"),
+    ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": 42}, 400, "prompt"),
+    ({"prompt": "x", "best_of_unknown": 1}, 400, "best_of_unknown"),
+    ({"prompt": "x", "stop": ["a"] * 3, "seed": 2 ** 70}, 400, "seed"),
     ({"prompt": "x", "logprobs": 3}, 400, "logprobs"),
     ({"prompt": "x", "temperature": -1}, 400, "temperature"),
-    ({"prompt": "x", "max_tokens": 500}, 400, "limit of 200"),
+    ({"prompt": "x", "max_tokens": 1500}, 400, "limit of 1000"),
     ({"prompt": "x " * 400}, 400, "at most 300"),
     ({"prompt": [1, 2, 10 ** 9]}, 400, "token ids"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "not served here"),
@@ -141,6 +146,9 @@ def test_bad_json_bad_messages_and_api_keys(server):
     r = httpx.post(url + "/v1/completions", content=b"{not json", headers={"Authorization": f"Bearer {KEY}",
                                                                          "content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(url + "/v1/completions", content=b'{"prompt": "x", "temperature": NaN}',
+                   headers={"Authorization": f"Bearer {KEY}", "content-type": "application/json"})
+    assert r.status_code == 400 and "temperature" in r.json()["error"]["message"]
     r = _post(url, "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]})
     assert r.status_code == 400 and "role" in r.json()["error"]["message"]
     assert _post(url, "/v1/completions", {"prompt": "x"}, key=None).status_code == 401
@@ -151,14 +159,14 @@ def test_bad_json_bad_messages_and_api_keys(server):
 
 def test_a_client_that_leaves_frees_its_request(server):
     url, app, llm, _ = server
-    body = {"prompt": "while True:", "max_tokens": 200, "temperature": 0, "stream": True, "ignore_eos": True}
+    body = {"prompt": "while True:", "max_tokens": 1000, "temperature": 0, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
                       timeout=60) as r:
         for line in r.iter_lines():
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
                 break                                                # leave after the first text
     total = llm.engine.kv_cache.num_pages
-    for _ in range(100):
+    for _ in range(200):
         if not app.state.engine_loop._tracked and llm.engine.planner.num_free_pages == total:
             break
         time.sleep(0.05)
@@ -193,3 +201,58 @@ def test_sonarspec_serve_command(tmp_path):
         proc.terminate()
         _, err = proc.communicate(timeout=60)
     assert f"http://127.0.0.1:{port}/v1" in err
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_200_streaming_clients_a_third_leaving(server):
+    """Load and faults: 200 concurrent streaming clients of mixed lengths, every third one
+    leaving after its first text; then every KV page is free, /health answers, the clients
+    that stayed got the offline greedy outputs, and a second round does not grow memory."""
+    import asyncio
+    url, app, llm, oracle = server
+    prompts = [f"def task_{i}(n):" for i in range(200)]
+    lengths = [4 + (i * 7) % 37 for i in range(200)]
+
+    async def client(http, i):
+        body = {"prompt": prompts[i], "max_tokens": lengths[i], "temperature": 0, "stream": True}
+        text = []
+        async with http.stream("POST", url + "/v1/completions", json=body,
+                               headers={"Authorization": f"Bearer {KEY}"}) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line == "data: [DONE]":
+                    return "".join(text)
+                if line.startswith("data: {"):
+                    choices = json.loads(line[6:])["choices"]
+                    text += [c["text"] for c in choices]
+                    if i % 3 == 0 and "".join(text):
+                        return None   # leaves mid-stream
+        return "".join(text)
+
+    async def round_():
+        limits = httpx.Limits(max_connections=250, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+            return await asyncio.gather(*(client(http, i) for i in range(200)))
+
+    want = {i: o.text for i, o in zip(range(200), oracle.generate(
+        prompts, [SamplingParams(max_tokens=n, temperature=0) for n in lengths])) if i % 3}
+    sizes = []
+    for _ in range(2):
+        got = asyncio.run(round_())
+        assert {i: t for i, t in enumerate(got) if i % 3} == want
+        total = llm.engine.kv_cache.num_pages
+        for _ in range(200):
+            if not app.state.engine_loop._tracked and llm.engine.planner.num_free_pages == total:
+                break
+            time.sleep(0.05)
+        assert not app.state.engine_loop._tracked and llm.engine.planner.num_free_pages == total
+        assert not llm.engine.seqs and httpx.get(url + "/health").status_code == 200
+        sizes.append(_rss_mb())
+    assert sizes[1] - sizes[0] < 64, sizes

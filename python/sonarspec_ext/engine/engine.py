@@ -22,6 +22,7 @@ from ..models.loader import load_model, load_tokenizer, parse_dtype
 from ..ops.linear import native_gemm_threads
 from ..params import SamplingParams, SpecConfig
 from ..runtime.kv_cache import KVCache, num_pages_for_budget
+from .detokenize import IncrementalText
 from .request_stats import RequestTotals
 from ..runtime.runner import ModelRunner
 from .sequence import Sequence
@@ -185,6 +186,7 @@ class Engine:
         seq_id = next(self._ids)
         self.planner.add_request(seq_id, len(ids))
         self.seqs[seq_id] = Sequence(seq_id, ids, params, self.eos_ids, self.device)
+        self.seqs[seq_id].detok = IncrementalText(self.tokenizer)
         return seq_id
 
     def abort(self, seq_id: int) -> None:
@@ -351,10 +353,13 @@ class Engine:
             elif len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
                 reason = "length"
             if p.stop:
-                full = self.tokenizer.decode(seq.output_ids)
-                cut = _find_stop(full, p.stop)
+                # only the text added since the last check can complete a stop string
+                full = seq.detok.update(seq.output_ids)
+                start = max(0, min(seq.stop_checked, len(full)) - max(len(s) for s in p.stop) + 1)
+                cut = _find_stop(full[start:], p.stop)
+                seq.stop_checked = len(full)
                 if cut is not None:
-                    text, reason = full[:cut], "stop"
+                    text, reason = full[:start + cut], "stop"
             if reason is not None:
                 self._finish(seq, reason, text)
                 return
@@ -368,7 +373,8 @@ class Engine:
         self.finished.add(seq.stats(), seq.finish_reason)
 
     def text_so_far(self, seq: Sequence) -> str:
-        return seq.text if seq.finished else self.tokenizer.decode(seq.output_ids)
+        """The output's text: final once finished, else up to its last complete character."""
+        return seq.text if seq.finished else seq.detok.update(seq.output_ids)
 
 
 def _find_stop(text: str, stops: List[str]) -> Optional[int]:

@@ -6,6 +6,7 @@ from typing import List, Optional
 
 import torch
 
+from .detokenize import IncrementalText
 from ..params import RequestOutput, SamplingParams
 
 
@@ -25,6 +26,8 @@ class Sequence:
             else:
                 self.generator.seed()
         self.text = ""
+        self.detok: Optional[IncrementalText] = None   # the output's text as it grows (the engine's tokenizer)
+        self.stop_checked = 0        # characters of that text already searched for stop strings
         self.num_emitted_chars = 0   # text already handed out by stream()
         self.finish_reason: Optional[str] = None
         self.error: Optional[str] = None

@@ -13,7 +13,7 @@ class StreamOptions(BaseModel):
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")   # an unknown field is a 400, as OpenAI answers it
     model: Optional[str] = None
     max_tokens: Optional[int] = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0)
