@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from sonarspec_ext import _C
-from sonarspec_ext.engine.reference_planner import ReferencePlanner, build_metadata_reference
+from sonarspec_ext.testing.reference_planner import ReferencePlanner, build_metadata_reference
 
 PAGE = 16
 
@@ -76,7 +76,7 @@ def main() -> None:
 
 def bench_engine(rounds: int) -> list:
     from sonarspec_ext import LLM, SamplingParams, SpecConfig
-    from sonarspec_ext.bench_spec import PROMPTS
+    from sonarspec_ext.bench.spec import PROMPTS
     params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
     rows = []
     for name, spec, batch in (("plain", SpecConfig(), 8), ("draft_target K=4", SpecConfig(

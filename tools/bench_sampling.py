@@ -14,7 +14,7 @@ import torch
 
 from sonarspec_ext import ops
 from sonarspec_ext.bench import median_us
-from sonarspec_ext.ops.reference import chain_speculative_sampling_reference, tree_speculative_sampling_reference
+from sonarspec_ext.testing.reference import chain_speculative_sampling_reference, tree_speculative_sampling_reference
 from sonarspec_ext.params import SamplingParams
 from sonarspec_ext.spec.tree import DraftTree
 from sonarspec_ext.spec.verify import verify_chain_device

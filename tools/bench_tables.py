@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from sonarspec_ext.bench_spec import acceptance_note
+from sonarspec_ext.bench.spec import acceptance_note
 
 
 def spec_table(info: dict) -> str:

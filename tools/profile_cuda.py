@@ -18,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from sonarspec_ext import LLM, SamplingParams
-from sonarspec_ext.bench_spec import PROMPTS, scheme_config
+from sonarspec_ext.bench.spec import PROMPTS, scheme_config
 
 
 def _sync(device: str) -> None:

@@ -19,11 +19,11 @@ import time
 
 import torch
 
-import sonarspec_ext.engine.runner as runner_mod
+import sonarspec_ext.runtime.runner as runner_mod
 import sonarspec_ext.ops.decoder_stack as decoder_stack
 import sonarspec_ext.spec.proposer as proposer_mod
 from sonarspec_ext import LLM, SamplingParams
-from sonarspec_ext.bench_spec import PROMPTS, scheme_config
+from sonarspec_ext.bench.spec import PROMPTS, scheme_config
 from sonarspec_ext.models.llama import LlamaForCausalLM
 
 _spent = collections.defaultdict(float)

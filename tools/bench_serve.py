@@ -1,0 +1,112 @@
+#!/usr/bin/env python
+"""The OpenAI-compatible server under load: requests/s, output tokens/s, time to first token
+and inter-token latency (p50 / p99) at several concurrencies, plain vs speculative, over
+streaming chat requests (the benchmark's held-out chat questions, cycled). Each
+configuration runs its own server in this process on a loopback port.
+
+    python tools/bench_serve.py [--model smollm2] [--specs none mtp] [--concurrency 1 4 16]
+                                [--requests 16] [--max-tokens 96] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import threading
+import time
+
+import httpx
+
+from sonarspec_ext import LLM, SpecConfig
+from sonarspec_ext.bench.spec import CHAT_QUESTIONS
+from sonarspec_ext.server.app import create_app
+
+
+def start_server(llm: LLM, name: str):
+    import uvicorn
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(create_app(llm, name), host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=srv.run, daemon=True).start()
+    while not srv.started:
+        time.sleep(0.05)
+    return srv, f"http://127.0.0.1:{port}"
+
+
+async def one_request(http, url, question, max_tokens):
+    body = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    t0 = time.perf_counter()
+    stamps, tokens = [], 0
+    async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"the server answered {r.status_code}: {(await r.aread()).decode()[:300]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            elif chunk["choices"] and chunk["choices"][0].get("delta", {}).get("content"):
+                stamps.append(time.perf_counter())
+    end = time.perf_counter()
+    ttft = stamps[0] - t0 if stamps else end - t0
+    itl = (stamps[-1] - stamps[0]) / max(1, tokens - 1) if len(stamps) > 1 else 0.0
+    return ttft, itl, tokens, end - t0
+
+
+async def load(url, concurrency, requests, max_tokens):
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=600) as http:
+        async def run(i):
+            async with sem:
+                return await one_request(http, url, CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)], max_tokens)
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(run(i) for i in range(requests)))
+        wall = time.perf_counter() - t0
+    ttft = sorted(r[0] for r in results)
+    itl = sorted(r[1] for r in results)
+    pct = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))]   # noqa: E731
+    tokens = sum(r[2] for r in results)
+    return {"concurrency": concurrency, "requests": requests, "requests_per_s": requests / wall,
+            "output_tok_s": tokens / wall, "per_stream_tok_s": statistics.median(r[2] / r[3] for r in results),
+            "ttft_p50_s": pct(ttft, 0.5), "ttft_p99_s": pct(ttft, 0.99),
+            "itl_p50_s": pct(itl, 0.5), "itl_p99_s": pct(itl, 0.99)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--specs", nargs="+", default=["none", "mtp"])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rows = []
+    for spec in args.specs:
+        t0 = time.perf_counter()
+        llm = LLM(args.model, spec=SpecConfig(method=spec))
+        srv, url = start_server(llm, args.model)
+        startup = time.perf_counter() - t0
+        asyncio.run(load(url, 1, 2, 8))   # warm-up
+        for c in args.concurrency:
+            row = {"spec": spec, "startup_s": startup, **asyncio.run(load(url, c, max(args.requests, c),
+                                                                          args.max_tokens))}
+            rows.append(row)
+            print(f"{spec:6s} c={c:3d}: {row['requests_per_s']:.2f} req/s, {row['output_tok_s']:.1f} tok/s, "
+                  f"per stream {row['per_stream_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_s'] * 1e3:.0f} ms "
+                  f"p99 {row['ttft_p99_s'] * 1e3:.0f} ms, ITL p50 {row['itl_p50_s'] * 1e3:.1f} ms "
+                  f"p99 {row['itl_p99_s'] * 1e3:.1f} ms (start-up {startup:.1f} s)", flush=True)
+        srv.should_exit = True
+        time.sleep(0.5)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"model": args.model, "max_tokens": args.max_tokens, "rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The SmolLM2-135M-Instruct CPU benchmarks of docs/benchmarks.md, in one run (about 15
+# minutes on 2 cores): plain decoding vs transformers and the bandwidth floor, the cost of
+# verification (with and without AMX tiles), throughput vs batch and context, every
+# speculation scheme on held-out chat prompts, and the server under load.
+#   bash tools/bench_smollm2.sh [OUT_DIR (docs/bench)]
+set -euo pipefail
+OUT="${1:-docs/bench}"
+HEAD="$(python -c "from sonarspec_ext.assets import installed_head; print(installed_head('smollm2_mtp')[0])")"
+mkdir -p "$OUT"
+sonarspec bench --model smollm2 --batch-sizes 1 8 --repeats 3 --max-tokens 64 --json "$OUT/smollm2_decode.json"
+python tools/bench_verify_cost.py --model smollm2 --rounds 3 --json "$OUT/smollm2_verify_cost.json"
+SONARSPEC_NO_AMX=1 python tools/bench_verify_cost.py --model smollm2 --rounds 3 \
+  --json "$OUT/smollm2_verify_cost_no_amx.json"
+python tools/bench_scaling.py --json "$OUT/smollm2_scaling.json" --plot "$OUT/smollm2_scaling.png"
+sonarspec bench --spec all --model smollm2 --draft none --mtp "$HEAD" --mtp-ks 1 2 3 --batch-sizes 1 8 \
+  --repeats 3 --max-tokens 96 --no-transformers --json "$OUT/smollm2_spec.json" --plot "$OUT/smollm2_spec.png"
+python tools/bench_serve.py --model smollm2 --specs none mtp --concurrency 1 4 16 --requests 16 --max-tokens 96 \
+  --json "$OUT/smollm2_serve.json"
