@@ -82,17 +82,23 @@ def _full_mask_attention(q, k_pool, v_pool, kv_slots, token_seq, mask, scale):
     return torch.einsum("thn,tnhd->thd", s.softmax(-1), v).reshape(T, H * D).float()
 
 
-@pytest.mark.parametrize("nodes,prefix", [(1, 1), (9, 40), (64, 200), (33, 0)])
-def test_tree_cascade_equals_full_masked_attention(nodes, prefix):
-    """Prefix keys plus a random tree's ancestor bits, merged in one pass (native) and as an
-    explicit log-sum-exp cascade (torch), equal attention under the full dense mask."""
-    g = torch.Generator().manual_seed(nodes * 7 + prefix)
+def _random_tree_ancestors(nodes, g):
+    """anc[i, j]: node j is node i or one of its ancestors, in a random tree (parents first)."""
     parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, nodes)]
     anc = np.zeros((nodes, nodes), dtype=bool)
     for i in range(nodes):
         j = i
         while j >= 0:
             anc[i, j], j = True, parents[j]
+    return anc
+
+
+@pytest.mark.parametrize("nodes,prefix", [(1, 1), (9, 40), (64, 200), (33, 0)])
+def test_tree_cascade_equals_full_masked_attention(nodes, prefix):
+    """Prefix keys plus a random tree's ancestor bits, merged in one pass (native) and as an
+    explicit log-sum-exp cascade (torch), equal attention under the full dense mask."""
+    g = torch.Generator().manual_seed(nodes * 7 + prefix)
+    anc = _random_tree_ancestors(nodes, g)
     H, Hkv, D, L = 4, 2, 32, prefix + nodes + 3
     q = torch.randn(nodes, H, D, generator=g)
     table, kv_slots, num_slots = _pages(1, L, 8, g)
@@ -128,12 +134,7 @@ def test_a_token_reads_the_same_bits_alone_or_in_a_block(H, Hkv, prefix, block, 
     seq = torch.ones(block, dtype=torch.long)
     begin = torch.zeros(block, dtype=torch.long)
     if tree:
-        parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, block)]
-        anc = np.zeros((block, block), dtype=bool)
-        for i in range(block):
-            j = i
-            while j >= 0:
-                anc[i, j], j = True, parents[j]
+        anc = _random_tree_ancestors(block, g)
         end = begin + prefix
         extra = (end.clone(), torch.from_numpy(tree_bits(anc)))
         mask = torch.zeros(block, L, dtype=torch.bool)

@@ -51,6 +51,17 @@ def server(tmp_path_factory):
     th.join(timeout=10)
 
 
+def _wait_until_idle(app, llm, timeout_s: float = 10.0):
+    """Waits until the engine thread tracks no request and every KV page is free; asserts it."""
+    total = llm.engine.kv_cache.num_pages
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        if not app.state.engine_loop._tracked and llm.engine.planner.num_free_pages == total:
+            break
+        time.sleep(0.05)
+    assert not app.state.engine_loop._tracked and llm.engine.planner.num_free_pages == total
+
+
 def _post(url, path, body, key=KEY, **kw):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.post(url + path, json=body, headers=headers, timeout=60, **kw)
@@ -165,12 +176,7 @@ def test_a_client_that_leaves_frees_its_request(server):
         for line in r.iter_lines():
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
                 break                                                # leave after the first text
-    total = llm.engine.kv_cache.num_pages
-    for _ in range(200):
-        if not app.state.engine_loop._tracked and llm.engine.planner.num_free_pages == total:
-            break
-        time.sleep(0.05)
-    assert not app.state.engine_loop._tracked and llm.engine.planner.num_free_pages == total
+    _wait_until_idle(app, llm)
     metrics = httpx.get(url + "/metrics").text
     assert 'sonarspec_requests_finished_total{reason="abort"}' in metrics
     assert "sonarspec_spec_draft_tokens_total" in metrics and "sonarspec_time_to_first_token_seconds_bucket" in metrics
@@ -247,12 +253,7 @@ def test_200_streaming_clients_a_third_leaving(server):
     for _ in range(2):
         got = asyncio.run(round_())
         assert {i: t for i, t in enumerate(got) if i % 3} == want
-        total = llm.engine.kv_cache.num_pages
-        for _ in range(200):
-            if not app.state.engine_loop._tracked and llm.engine.planner.num_free_pages == total:
-                break
-            time.sleep(0.05)
-        assert not app.state.engine_loop._tracked and llm.engine.planner.num_free_pages == total
+        _wait_until_idle(app, llm)
         assert not llm.engine.seqs and httpx.get(url + "/health").status_code == 200
         sizes.append(_rss_mb())
     assert sizes[1] - sizes[0] < 64, sizes
