@@ -257,3 +257,21 @@ def test_200_streaming_clients_a_third_leaving(server):
         assert not llm.engine.seqs and httpx.get(url + "/health").status_code == 200
         sizes.append(_rss_mb())
     assert sizes[1] - sizes[0] < 64, sizes
+
+
+def test_stop_strings_and_seeds_through_the_openai_client(server):
+    openai = pytest.importorskip("openai")
+    url, _, _, oracle = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
+    free = oracle.generate(["def g(x):"], SamplingParams(max_tokens=30, temperature=0))[0].text
+    stop = free[len(free) // 2:len(free) // 2 + 2]
+    assert stop.strip()
+    out = client.completions.create(model="tiny", prompt="def g(x):", max_tokens=30, temperature=0, stop=[stop])
+    want = oracle.generate(["def g(x):"], SamplingParams(max_tokens=30, temperature=0, stop=[stop]))[0]
+    assert out.choices[0].text == want.text and stop not in want.text and out.choices[0].finish_reason == "stop"
+    kw = dict(model="tiny", prompt="import os\n", max_tokens=20, temperature=0.9)
+    a = client.completions.create(seed=11, **kw).choices[0].text
+    b = client.completions.create(seed=11, **kw).choices[0].text
+    c = client.completions.create(seed=12, **kw).choices[0].text
+    assert a == b == oracle.generate(["import os\n"], SamplingParams(max_tokens=20, temperature=0.9, seed=11))[0].text
+    assert c != a
