@@ -21,4 +21,12 @@ using ChunkUpdate = void (*)(const float* const* qs, const float* k_pool, const 
 // The chunk update for this CPU: AVX-512 where it has AVX512F, else AVX2, else portable.
 ChunkUpdate chunk_update_for_cpu();
 
+// The same reading bfloat16 pools directly (widened in registers, the same arithmetic as
+// the float32 update on the widened rows), where the CPU has AVX-512 and head_dim is a
+// multiple of 64; else null (the caller widens chunks first).
+using ChunkUpdateBF16 = void (*)(const float* const* qs, const uint16_t* k_pool, const uint16_t* v_pool,
+                                 const int64_t* slots, int n, int64_t row, int64_t kv_off, int64_t head_dim, int group,
+                                 float scale, float* m, float* l, float* const* o);
+ChunkUpdateBF16 chunk_update_bf16_for_cpu(int64_t head_dim);
+
 }  // namespace sonarspec

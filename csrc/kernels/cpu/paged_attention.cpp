@@ -135,6 +135,7 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
   std::vector<float> partial(max_splits > 1 ? static_cast<size_t>(num_tokens * num_heads * max_splits * state) : 0);
   std::vector<float> sums(static_cast<size_t>(num_tokens * num_heads), 0.f);   // softmax sums, one split
   static const ChunkUpdate chunk_update = chunk_update_for_cpu();
+  const ChunkUpdateBF16 bf16_update = chunk_update_bf16_for_cpu(head_dim);
   static constexpr int64_t kIdentity[kChunk] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   // One chunk for `rows` rows: float32 pools are read in place, 16-bit ones widened first.
   auto update = [&](const float* const* qs, const int64_t* slots, int n, int64_t kv_off, int rows, float* m,
@@ -142,6 +143,11 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
     if (kv_dtype == DType::kFloat32) {
       chunk_update(qs, static_cast<const float*>(k_pool), static_cast<const float*>(v_pool), slots, n, row, kv_off,
                    head_dim, rows, scale, m, l, o);
+      return;
+    }
+    if (kv_dtype == DType::kBFloat16 && bf16_update != nullptr) {
+      bf16_update(qs, static_cast<const uint16_t*>(k_pool), static_cast<const uint16_t*>(v_pool), slots, n, row,
+                  kv_off, head_dim, rows, scale, m, l, o);
       return;
     }
     thread_local std::vector<float> kv;
