@@ -27,6 +27,7 @@ from .request_stats import RequestTotals
 from ..runtime.runner import ModelRunner
 from .sequence import Sequence
 from ..spec.factory import make_proposer, resolve_draft
+from ..spec.proposer import StepContext
 from .generic_step import generic_step
 from .sync_free import sync_free_step
 from ..runtime.cuda_graphs import StepGraphs
@@ -135,6 +136,7 @@ class Engine:
         self._ids = itertools.count()
         self.timing = dict.fromkeys(TIMING_KEYS, 0.0)
         self._next_plan = None   # PlanHandle of the step planned ahead (async_planning)
+        self.step_context = StepContext()   # the running step's, handed to the proposer after it
         self.num_steps = 0
         self.finished = RequestTotals()   # statistics of finished requests, as running totals
         # wraps the region of the single-token MTP schedule that must not wait for the host
@@ -259,8 +261,8 @@ class Engine:
         # Under load (more decoding sequences than spec_max_batch) the step decodes plainly
         # and drafters defer their refills, catching up once speculation resumes.
         limit = self.config.spec_max_batch
-        self.proposer.paused = limit is not None and len(decoding) > limit
-        decode = [] if self.proposer.paused else [seq for seq in decoding if self.proposer.ready(seq)]
+        self.step_context = StepContext(paused=limit is not None and len(decoding) > limit)
+        decode = [] if self.step_context.paused else [seq for seq in decoding if self.proposer.ready(seq)]
         ks = [self._num_drafts(seq) for seq in decode]
         t1 = time.perf_counter()
         drafts = dict(zip((s.seq_id for s in decode), self.proposer.propose(decode, ks)))
@@ -335,7 +337,7 @@ class Engine:
         """Plans the next step on the planner's thread while the drafter refills from
         ``records``, using page tables captured now (the plan may grow or release pages)."""
         if self._plan_ahead_possible():
-            self.proposer.tables = {r.seq.seq_id: self.planner.page_table(r.seq.seq_id) for r in records}
+            self.step_context.tables = {r.seq.seq_id: self.planner.page_table(r.seq.seq_id) for r in records}
             self._next_plan = self.planner.schedule_async(self.proposer.lookahead)
 
     # ---- post-processing ------------------------------------------------------------

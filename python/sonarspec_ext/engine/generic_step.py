@@ -48,10 +48,7 @@ def generic_step(engine, batch, drafts) -> List:
                                       None if hidden is None else hidden[used]))
     engine.plan_ahead(records)
     t5 = time.perf_counter()
-    try:
-        engine.proposer.after_step(records)
-    finally:
-        engine.proposer.tables = None
+    engine.proposer.finish_step(records, engine.step_context)
     t6 = time.perf_counter()
     engine.timing["plan"] += t5 - t4
     engine.timing["draft"] += t6 - t5

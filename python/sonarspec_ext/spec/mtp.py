@@ -136,7 +136,7 @@ class MTPProposer(Proposer):
             if gap or r.hidden is None or not len(r.hidden):
                 self.state.pop(seq.seq_id, None)   # a gap in the head's KV: stop drafting for it
                 continue
-            if self.paused and r.decoded and st is not None:
+            if self.step.paused and r.decoded and st is not None:
                 self.state[seq.seq_id] = _HeadState(valid, pending=hidden)   # run it once speculation resumes
                 continue
             m = hidden.shape[0]

@@ -54,6 +54,17 @@ class StepRecord:
         return self.frontier and self.draft is None and self.start == self.n_before - 1
 
 
+@dataclass
+class StepContext:
+    """What the engine tells a proposer about the step it hands to ``after_step``."""
+    #: the step decoded without speculation (under load): the proposer may defer the work
+    #: that follows a decoded token and catch up once speculation resumes
+    paused: bool = False
+    #: page tables captured by the engine while the next step is planned on the planner's
+    #: thread (which may grow or release pages meanwhile); None: ask the planner
+    tables: Optional[dict] = None
+
+
 class Proposer:
     #: extra KV slots each decoding sequence needs beyond its next token
     lookahead: int = 0
@@ -62,18 +73,20 @@ class Proposer:
     needs_hidden: bool = False
     #: whether all-decode steps with one draft each may run the single-token MTP schedule
     sync_free: bool = False
-    #: set by the engine for a step that decodes without speculation (under load): the
-    #: proposer may defer the work that follows a decoded token and catch up later
-    paused: bool = False
-    #: page tables captured by the engine for ``after_step`` while the next step is being
-    #: planned on the planner's thread (which may grow or release pages meanwhile)
-    tables: Optional[dict] = None
     planner = None
+    #: drafters that run a model (draft LLM, MTP head): its runner, the vocabulary its drafts
+    #: come from, and whether sampled requests draw their drafts from it (``propose_chains``)
+    runner = None
+    vocab_size: int = 0
+    sample_drafts: bool = False
+    #: the context of the ``after_step`` call in progress (None outside it)
+    step: Optional[StepContext] = None
 
     def page_table(self, seq) -> List[int]:
         """The page table of ``seq`` this step's work must use."""
-        if self.tables is not None and seq.seq_id in self.tables:
-            return self.tables[seq.seq_id]
+        tables = self.step.tables if self.step is not None else None
+        if tables is not None and seq.seq_id in tables:
+            return tables[seq.seq_id]
         return self.planner.page_table(seq.seq_id)
 
     def ready(self, seq) -> bool:
@@ -83,8 +96,17 @@ class Proposer:
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
         return [Draft([]) for _ in seqs]
 
+    def finish_step(self, records: Sequence[StepRecord], ctx: StepContext) -> None:
+        """The engine's call after a step: ``after_step`` with ``ctx`` in force."""
+        self.step = ctx
+        try:
+            self.after_step(records)
+        finally:
+            self.step = None
+
     def after_step(self, records: Sequence[StepRecord]) -> None:
-        """Called with a record for every live sequence the step computed."""
+        """Called with a record for every live sequence the step computed (``self.step`` is
+        its context)."""
 
     def reset(self, seq) -> None:
         """``seq`` lost its KV (preempted) or finished."""
