@@ -15,5 +15,7 @@ SONARSPEC_NO_AMX=1 python tools/bench_verify_cost.py --model smollm2 --rounds 3 
 python tools/bench_scaling.py --json "$OUT/smollm2_scaling.json" --plot "$OUT/smollm2_scaling.png"
 sonarspec bench --spec all --model smollm2 --draft none --mtp "$HEAD" --mtp-ks 1 2 3 --batch-sizes 1 8 \
   --repeats 3 --max-tokens 96 --no-transformers --json "$OUT/smollm2_spec.json" --plot "$OUT/smollm2_spec.png"
+sonarspec bench --spec all --model smollm2 --draft none --mtp "$HEAD" --mtp-ks 2 --batch-sizes 8 --spec-max-batch 4 \
+  --repeats 3 --max-tokens 96 --no-transformers --json "$OUT/smollm2_spec_load_control.json"
 python tools/bench_serve.py --model smollm2 --specs none mtp --concurrency 1 4 16 --requests 16 --max-tokens 96 \
   --json "$OUT/smollm2_serve.json"
