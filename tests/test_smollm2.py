@@ -161,6 +161,10 @@ def test_cli_takes_the_heads_recommended_chain_length(path):
     if find_mtp_head(path) is None:
         pytest.skip("this installation has no packaged SmolLM2 head")
     assert _auto_spec("smollm2") == "mtp"
-    assert _recommended_draft_tokens("smollm2", "mtp", "default") == 1
+    import json
+    import os
+    with open(os.path.join(find_mtp_head(path), "training.json")) as fh:
+        recorded = json.load(fh)["recommended_num_draft_tokens"]
+    assert _recommended_draft_tokens("smollm2", "mtp", "default") == recorded
     assert _recommended_draft_tokens("default", "mtp", "default") == 3      # the packaged tiny head records none
     assert _recommended_draft_tokens("smollm2", "ngram", "default") == 3
