@@ -190,7 +190,7 @@ def test_sonarspec_serve_command(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "sonarspec_ext.cli", "serve", "--model", "default", "--port",
-                             str(port), "--spec", "none"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(port), "--spec", "mtp", "--spec-max-batch", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(600):

@@ -48,7 +48,8 @@ def _make_llm(args):
     k = args.num_draft_tokens or _recommended_draft_tokens(args.model, method, args.draft)
     spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=k,
                       tree_top_k=args.tree_top_k, tree_num_nodes=args.tree_nodes)
-    llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype)
+    load = {} if getattr(args, "spec_max_batch", None) is None else {"spec_max_batch": args.spec_max_batch}
+    llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, **load)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
     return llm, params, method
@@ -223,6 +224,8 @@ def _add_serve(sub) -> None:
     s.add_argument("--max-prompt-tokens", type=positive_int, default=None, help="longest prompt accepted")
     s.add_argument("--max-tokens-limit", type=positive_int, default=4096, help="largest max_tokens accepted")
     s.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="largest request body accepted")
+    s.add_argument("--spec-max-batch", type=int, default=None,
+                   help="speculate only while at most this many requests decode (load control; default: always)")
     s.set_defaults(func=_serve)
 
 
