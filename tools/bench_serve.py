@@ -5,7 +5,7 @@ streaming chat requests (the benchmark's held-out chat questions, cycled). Each
 configuration runs its own server in this process on a loopback port.
 
     python tools/bench_serve.py [--model smollm2] [--specs none mtp] [--concurrency 1 4 16]
-                                [--requests 16] [--max-tokens 96] [--json PATH]
+                                [--requests 16] [--max-tokens 96] [--spec-max-batch N] [--json PATH]
 """
 from __future__ import annotations
 
@@ -84,17 +84,19 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--spec-max-batch", type=int, default=None, help="the server's load control (serve's flag)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
     for spec in args.specs:
         t0 = time.perf_counter()
-        llm = LLM(args.model, spec=SpecConfig(method=spec))
+        control = {} if args.spec_max_batch is None else {"spec_max_batch": args.spec_max_batch}
+        llm = LLM(args.model, spec=SpecConfig(method=spec), **control)
         srv, url = start_server(llm, args.model)
         startup = time.perf_counter() - t0
         asyncio.run(load(url, 1, 2, 8))   # warm-up
         for c in args.concurrency:
-            row = {"spec": spec, "startup_s": startup, **asyncio.run(load(url, c, max(args.requests, c),
+            row = {"spec": spec, "spec_max_batch": args.spec_max_batch, "startup_s": startup, **asyncio.run(load(url, c, max(args.requests, c),
                                                                           args.max_tokens))}
             rows.append(row)
             print(f"{spec:6s} c={c:3d}: {row['requests_per_s']:.2f} req/s, {row['output_tok_s']:.1f} tok/s, "
@@ -105,7 +107,8 @@ def main() -> None:
         time.sleep(0.5)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"model": args.model, "max_tokens": args.max_tokens, "rows": rows}, fh, indent=1)
+            json.dump({"model": args.model, "max_tokens": args.max_tokens, "spec_max_batch": args.spec_max_batch,
+                       "rows": rows}, fh, indent=1)
 
 
 if __name__ == "__main__":

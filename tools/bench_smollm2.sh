@@ -19,3 +19,5 @@ sonarspec bench --spec all --model smollm2 --draft none --mtp "$HEAD" --mtp-ks 2
   --repeats 3 --max-tokens 96 --no-transformers --json "$OUT/smollm2_spec_load_control.json"
 python tools/bench_serve.py --model smollm2 --specs none mtp --concurrency 1 4 16 --requests 16 --max-tokens 96 \
   --json "$OUT/smollm2_serve.json"
+python tools/bench_serve.py --model smollm2 --specs mtp --concurrency 1 4 16 --requests 16 --max-tokens 96 \
+  --spec-max-batch 1 --json "$OUT/smollm2_serve_load_control.json"
