@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from sonarspec_ext import LLM, SamplingParams
 
 
@@ -26,6 +28,7 @@ def test_generate_reports_bad_input_cleanly(llama_dir, tmp_path):
     assert r.returncode == 2 and "top_p" in r.stderr
 
 
+@pytest.mark.slow
 def test_bench_compares_with_transformers(llama_dir, tmp_path):
     out = tmp_path / "bench.json"
     r = run_cli("bench", "--model", llama_dir, "--batch-sizes", "1", "2", "--max-tokens", "8", "--repeats", "1",
@@ -37,6 +40,7 @@ def test_bench_compares_with_transformers(llama_dir, tmp_path):
     assert all(row["sonarspec_tok_s"] > 0 and row["transformers_tok_s"] > 0 for row in info["results"])
 
 
+@pytest.mark.slow
 def test_bench_spec_mtp_runs_every_scheme_in_one_run(llama_dir, draft_dir, tmp_path):
     from mtp_fixtures import random_head, save
     head = save(random_head(llama_dir), str(tmp_path / "head"))
@@ -67,6 +71,7 @@ def test_bench_spec_mtp_runs_every_scheme_in_one_run(llama_dir, draft_dir, tmp_p
     assert all(row["tok_s"] > 0 and "greedy_agreement" not in row for row in info["results"])
 
 
+@pytest.mark.slow
 def test_bench_eagle_tree_sets_trees_beside_chains_and_times_attention(llama_dir, tmp_path):
     from mtp_fixtures import random_head, save
     head = save(random_head(llama_dir), str(tmp_path / "head"))
