@@ -167,7 +167,7 @@ AMX_ATTR void unit_all_groups(const Problem& p, const uint16_t* w, int64_t lda, 
   for (int64_t g0 = 0; g0 < groups; g0 += max_g) {
     switch (std::min(max_g, groups - g0)) {
       case 1: unit<1, NB>(p, w, lda, n0, g0); break;
-      case 2: if constexpr (NB <= 2) unit<2, NB>(p, w, lda, n0, g0); break;
+      case 2: unit<2, NB>(p, w, lda, n0, g0); break;
       case 3: if constexpr (NB == 1) unit<3, 1>(p, w, lda, n0, g0); break;
       default: if constexpr (NB == 1) unit<4, 1>(p, w, lda, n0, g0); break;
     }

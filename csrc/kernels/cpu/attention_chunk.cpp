@@ -54,6 +54,19 @@ void scores_dot(const float* const* qs, const float* const* k, int n, int group,
 }
 
 #if defined(__x86_64__)
+// dst[c] = (sum of the lanes of acc[c]) * scale for c < n: eight sums by a tree of
+// horizontal adds.
+__attribute__((target("avx2,fma"))) inline void store_scores(const __m256 (&acc)[8], __m256 scale, float* dst,
+                                                             int n) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+  const __m256 r = _mm256_mul_ps(_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                                               _mm256_permute2f128_ps(u0, u1, 0x31)), scale);
+  alignas(32) float out[8];
+  _mm256_store_ps(out, r);
+  for (int c = 0; c < n; ++c) dst[c] = out[c];
+}
+
 // The same eight keys at a time (head_dim a multiple of 8): one accumulator per key over
 // head_dim, the eight reduced together by a tree of horizontal adds - a horizontal sum per
 // eight scores instead of one per score.
@@ -72,13 +85,7 @@ __attribute__((target("avx2,fma"))) void scores_avx2(const float* const* qs, con
         const __m256 qv = _mm256_loadu_ps(qs[g] + d);
         for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[c] + d), acc[c]);
       }
-      const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-      const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-      const __m256 r = _mm256_mul_ps(_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                                                   _mm256_permute2f128_ps(u0, u1, 0x31)), sc);
-      alignas(32) float out[8];
-      _mm256_store_ps(out, r);
-      for (int c = 0; c < cn; ++c) s[g][c0 + c] = out[c];
+      store_scores(acc, sc, s[g] + c0, cn);
     }
   }
 }
@@ -118,13 +125,7 @@ AVX512_ATTR void scores_avx512(const float* const* qs, const KV* const* k, int n
       __m256 h[8];
       for (int c = 0; c < 8; ++c)
         h[c] = _mm256_add_ps(_mm512_castps512_ps256(acc[c]), _mm512_extractf32x8_ps(acc[c], 1));
-      const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
-      const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(h[4], h[5]), _mm256_hadd_ps(h[6], h[7]));
-      const __m256 r = _mm256_mul_ps(_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                                                   _mm256_permute2f128_ps(u0, u1, 0x31)), sc);
-      alignas(32) float out[8];
-      _mm256_store_ps(out, r);
-      for (int c = 0; c < cn; ++c) s[g][c0 + c] = out[c];
+      store_scores(h, sc, s[g] + c0, cn);
     }
   }
 }

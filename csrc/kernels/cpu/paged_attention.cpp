@@ -33,6 +33,9 @@ struct TokenKeys {
   int64_t lo = 0, prefix = 0, len = 0, chunks = 0, splits = 0;
   const int64_t* pages = nullptr;
   int64_t ancestors[64];   // slots of the tree ancestors
+
+  // The pool slot of position j of the sequence (its page checked when the keys were listed).
+  int64_t slot(int64_t j, int64_t page_size) const { return pages[j / page_size] * page_size + j % page_size; }
 };
 
 // Up to kMaxGroup query rows that read the same keys: consecutive tokens of one sequence
@@ -185,16 +188,11 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
     int64_t slots[kChunk];
     const int64_t common_end = std::min(last, common);
     for (int64_t c = first; c < common_end; ++c) {   // keys every token reads, once for all rows
-      for (int i = 0; i < kChunk; ++i) {
-        const int64_t j = k0.lo + c * kChunk + i;
-        slots[i] = k0.pages[j / page_size] * page_size + j % page_size;
-      }
+      for (int i = 0; i < kChunk; ++i) slots[i] = k0.slot(k0.lo + c * kChunk + i, page_size);
       if (c + kPrefetchChunks < common_end) {   // the rows of a chunk ahead are on their way meanwhile
         const int64_t j = k0.lo + (c + kPrefetchChunks) * kChunk;
-        for (int i = 0; i < kChunk; ++i) {
-          const int64_t slot = k0.pages[(j + i) / page_size] * page_size + (j + i) % page_size;
-          prefetch_rows(k_pool, v_pool, (slot * row + kv_off) * elem, head_dim * elem);
-        }
+        for (int i = 0; i < kChunk; ++i)
+          prefetch_rows(k_pool, v_pool, (k0.slot(j + i, page_size) * row + kv_off) * elem, head_dim * elem);
       }
       update(qs, slots, kChunk, kv_off, task.nt * gn, m, l, o);
     }
@@ -205,8 +203,7 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
         for (int i = 0; i < n; ++i) {
           const int64_t pos = c * kChunk + i;
           const int64_t j = tk.lo + pos;
-          slots[i] = pos < tk.prefix ? tk.pages[j / page_size] * page_size + j % page_size
-                                     : tk.ancestors[pos - tk.prefix];
+          slots[i] = pos < tk.prefix ? tk.slot(j, page_size) : tk.ancestors[pos - tk.prefix];
         }
         update(qs + a * gn, slots, n, kv_off, gn, m + a * gn, l + a * gn, o + a * gn);
       }
