@@ -71,10 +71,10 @@ class LLM:
             ids = []
             return outs
         finally:
-            self._drop(ids)
+            self.drop(ids)
 
-    def _drop(self, ids) -> None:
-        """Aborts and forgets requests of a call that did not return them."""
+    def drop(self, ids) -> None:
+        """Aborts and forgets requests (engine ids) whose outputs nobody will collect."""
         with self._lock:
             for sid in ids:
                 if sid in self.engine.seqs:
@@ -95,17 +95,14 @@ class LLM:
                     if not seq.finished:
                         self.engine.step()
                     finished = seq.finished
-                    text = self.engine.text_so_far(seq)
-                if not finished:
-                    text = text.rstrip("\ufffd")  # hold back an incomplete UTF-8 character
-                    text = text[:len(text) - stop_prefix_len(text, seq.params.stop)]
+                    text = self.engine.stream_text(seq)
                 if len(text) > seq.num_emitted_chars:
                     yield text[seq.num_emitted_chars:]
                     seq.num_emitted_chars = len(text)
                 if finished:
                     return
         finally:
-            self._drop([sid])
+            self.drop([sid])
 
     def chat(self, conversations: Union[Conversation, Sequence[Conversation]],
              params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
@@ -167,15 +164,3 @@ def _params_list(params, n: int, what: str) -> List[SamplingParams]:
     if len(params) != n:
         raise ValueError(f"got {n} {what} but {len(params)} SamplingParams")
     return list(params)
-
-
-def stop_prefix_len(text: str, stops) -> int:
-    """Length of the longest tail of ``text`` that begins one of the stop strings (text a
-    stream must hold back: the next tokens may complete the stop string and cut it)."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best

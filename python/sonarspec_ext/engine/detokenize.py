@@ -37,3 +37,15 @@ class IncrementalText:
             self.prefix = max(0, len(ids) - WINDOW)
         self.read = len(ids)
         return self.text
+
+
+def stop_prefix_len(text: str, stops) -> int:
+    """Length of the longest tail of ``text`` that begins one of the stop strings (text a
+    stream must hold back: the next tokens may complete the stop string and cut it)."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

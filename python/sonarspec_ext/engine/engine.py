@@ -18,11 +18,11 @@ import torch
 
 from .. import _C
 from ..models.config import ModelConfig
-from ..models.loader import load_model, load_tokenizer, parse_dtype
+from ..models.loader import has_compact_weights, load_model, load_tokenizer, parse_dtype
 from ..ops.linear import native_gemm_threads
 from ..params import SamplingParams, SpecConfig
 from ..runtime.kv_cache import KVCache, num_pages_for_budget
-from .detokenize import IncrementalText
+from .detokenize import IncrementalText, stop_prefix_len
 from .request_stats import RequestTotals
 from ..runtime.runner import ModelRunner
 from .sequence import Sequence
@@ -151,7 +151,7 @@ class Engine:
         the compute dtype."""
         name = self.config.kv_cache_dtype
         if name == "auto":
-            compact = any(p.dtype == torch.bfloat16 for p in self.model.parameters())
+            compact = has_compact_weights(self.model)
             return torch.bfloat16 if self.device.type == "cpu" and compact else self.dtype
         kv = parse_dtype(name)
         if self.device.type == "cuda" and kv != self.dtype:
@@ -377,6 +377,16 @@ class Engine:
     def text_so_far(self, seq: Sequence) -> str:
         """The output's text: final once finished, else up to its last complete character."""
         return seq.text if seq.finished else seq.detok.update(seq.output_ids)
+
+    def stream_text(self, seq: Sequence) -> str:
+        """The text a stream may hand out now: all of it once finished, else without a
+        tail that could still begin a stop string (the next tokens may complete it) or end
+        inside a UTF-8 character."""
+        text = self.text_so_far(seq)
+        if not seq.finished:
+            text = text.rstrip("\ufffd")
+            text = text[:len(text) - stop_prefix_len(text, seq.params.stop)]
+        return text
 
 
 def _find_stop(text: str, stops: List[str]) -> Optional[int]:

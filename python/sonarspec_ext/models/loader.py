@@ -109,6 +109,12 @@ def load_tokenizer(path: str) -> Tokenizer:
     return Tokenizer.from_dir(path)
 
 
+def has_compact_weights(model: torch.nn.Module) -> bool:
+    """Whether ``model`` keeps bfloat16 weight matrices (``load_model``'s compact weights, or
+    a bfloat16 model)."""
+    return any(p.dtype == torch.bfloat16 and p.dim() == 2 for p in model.parameters())
+
+
 def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool = True) -> LlamaForCausalLM:
     """Build a model from an HF-format directory or a GGUF file (quantized tensors are
     dequantized at load); parameters land directly in ``dtype``.

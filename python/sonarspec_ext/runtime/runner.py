@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
+from ..models.loader import has_compact_weights
 from ..ops.linear import native_gemm_threads, torch_gemm_threads, uses_native_gemm
 from ..ops.stack_drafting import block_table, fits, refill_chain, rows_forward
 from .kv_cache import KVCache
@@ -19,7 +20,7 @@ class ModelRunner:
         """``model``: a ``LlamaForCausalLM`` or an ``MTPHead`` (which also reads ``features``)."""
         self.model, self.kv_cache = model, kv_cache
         self.dtype = model.compute_dtype
-        self.compact = any(p.dtype == torch.bfloat16 and p.dim() == 2 for p in model.parameters())
+        self.compact = has_compact_weights(model)
         self.device = kv_cache.k.device
         self._stack = None   # the model's layers as one native call, built at the first small step
         self._stack_built = False

@@ -96,14 +96,14 @@ def create_app(llm: LLM, model_name: str, api_key: Optional[str] = None,
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = await _parse(request, CompletionRequest, limits)
+        req = await _parse(request, CompletionRequest, limits, model_name)
         ids = _prompt_ids(llm, req.prompt)
         params = _params(req, req.max_tokens, 16, len(ids), limits, max_len)
         return await _respond(request, loop, ids, params, req, model_name, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = await _parse(request, ChatCompletionRequest, limits)
+        req = await _parse(request, ChatCompletionRequest, limits, model_name)
         messages = [{"role": m.role, "content": _content(m.content)} for m in req.messages]
         try:
             ids, turn = llm.chat_request(messages, SamplingParams(max_tokens=1))
@@ -113,12 +113,6 @@ def create_app(llm: LLM, model_name: str, api_key: Optional[str] = None,
                          stop_token_ids=turn.stop_token_ids)
         return await _respond(request, loop, ids, params, req, model_name, chat=True)
 
-    def _check_model(req):
-        if req.model is not None and req.model != model_name:
-            raise BadRequest(f"model {req.model!r} is not served here; this server serves {model_name!r}",
-                             status=404, param="model", kind="not_found_error")
-
-    app.state.check_model = _check_model
     return app
 
 
@@ -130,7 +124,7 @@ def _describe(errors) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-async def _parse(request: Request, model, limits: ServerLimits):
+async def _parse(request: Request, model, limits: ServerLimits, model_name: str):
     body = await request.body()
     if len(body) > limits.max_body_bytes:
         raise BadRequest(f"request body larger than {limits.max_body_bytes} bytes", status=413)
@@ -144,7 +138,9 @@ async def _parse(request: Request, model, limits: ServerLimits):
         req = model.model_validate(data)
     except ValidationError as e:
         raise BadRequest(_describe(e.errors())) from None
-    request.app.state.check_model(req)
+    if req.model is not None and req.model != model_name:
+        raise BadRequest(f"model {req.model!r} is not served here; this server serves {model_name!r}",
+                         status=404, param="model", kind="not_found_error")
     if req.n != 1:
         raise BadRequest(f"n = {req.n} is not supported: one choice per request (n = 1)", param="n")
     if req.logprobs not in (None, False, 0):

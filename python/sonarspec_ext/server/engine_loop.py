@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from ..llm import LLM, stop_prefix_len
+from ..llm import LLM
 from ..params import SamplingParams
 from .metrics import Metrics
 
@@ -131,9 +131,7 @@ class EngineLoop:
             tr = self._tracked.pop(sid, None) if sid is not None else None
             if tr is not None:
                 self._key_of.pop(sid, None)
-                with self.llm._lock:
-                    self.llm.engine.abort(sid)
-                    self.llm.engine.pop_finished(sid)
+                self.llm.drop([sid])
                 self.metrics.finished.labels(reason="abort").inc()
 
     def _deliver(self) -> None:
@@ -149,10 +147,7 @@ class EngineLoop:
                     self.metrics.itl.observe((now - tr.last_token_time) / (n_tokens - tr.emitted_tokens))
                 tr.last_token_time = now
                 self.metrics.generation_tokens.inc(n_tokens - tr.emitted_tokens)
-            text = engine.text_so_far(seq)
-            if not seq.finished:
-                text = text.rstrip("\ufffd")   # hold back an incomplete UTF-8 character
-                text = text[:len(text) - stop_prefix_len(text, seq.params.stop)]
+            text = engine.stream_text(seq)
             if len(text) > tr.emitted_chars or n_tokens > tr.emitted_tokens:
                 delta = Delta(text[tr.emitted_chars:], n_tokens - tr.emitted_tokens)
                 tr.emitted_chars = max(tr.emitted_chars, len(text))
@@ -170,9 +165,7 @@ class EngineLoop:
     def _fail_all(self, error: str) -> None:
         for sid, tr in list(self._tracked.items()):
             try:
-                with self.llm._lock:
-                    self.llm.engine.abort(sid)
-                    self.llm.engine.pop_finished(sid)
+                self.llm.drop([sid])
             except Exception:   # noqa: BLE001 - the request is dropped either way
                 pass
             tr.loop.call_soon_threadsafe(tr.out.put_nowait, Done("error", 0, tr.emitted_tokens, error=error))

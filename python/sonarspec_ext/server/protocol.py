@@ -51,14 +51,9 @@ def usage(prompt: int, completion: int) -> Dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def finish_reason(reason: str) -> str:
-    """The engine's reasons in OpenAI's words ("abort" and "error" pass through)."""
-    return {"stop": "stop", "length": "length"}.get(reason, reason)
-
-
 def completion_body(rid: str, model: str, text: str, reason: str, u: Dict[str, int], chat: bool,
                     spec: Dict[str, Any]) -> Dict[str, Any]:
-    choice: Dict[str, Any] = {"index": 0, "finish_reason": finish_reason(reason), "logprobs": None}
+    choice: Dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}   # the engine's: OpenAI's words
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -69,8 +64,7 @@ def completion_body(rid: str, model: str, text: str, reason: str, u: Dict[str, i
 
 def chunk_body(rid: str, model: str, created: int, chat: bool, text: Optional[str] = None,
                reason: Optional[str] = None, role: bool = False) -> Dict[str, Any]:
-    choice: Dict[str, Any] = {"index": 0, "finish_reason": None if reason is None else finish_reason(reason),
-                              "logprobs": None}
+    choice: Dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
     if chat:
         delta: Dict[str, Any] = {}
         if role:
