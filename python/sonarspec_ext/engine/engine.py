@@ -22,7 +22,7 @@ from ..models.loader import has_compact_weights, load_model, load_tokenizer, par
 from ..ops.linear import native_gemm_threads
 from ..params import SamplingParams, SpecConfig
 from ..runtime.kv_cache import KVCache, num_pages_for_budget
-from .detokenize import IncrementalText, stop_prefix_len
+from .detokenize import stop_prefix_len
 from .request_stats import RequestTotals
 from ..runtime.runner import ModelRunner
 from .sequence import Sequence
@@ -187,8 +187,7 @@ class Engine:
                              f"(prompt plus at least one generated token)")
         seq_id = next(self._ids)
         self.planner.add_request(seq_id, len(ids))
-        self.seqs[seq_id] = Sequence(seq_id, ids, params, self.eos_ids, self.device)
-        self.seqs[seq_id].detok = IncrementalText(self.tokenizer)
+        self.seqs[seq_id] = Sequence(seq_id, ids, params, self.eos_ids, self.device, self.tokenizer)
         return seq_id
 
     def abort(self, seq_id: int) -> None:

@@ -12,7 +12,7 @@ from ..params import RequestOutput, SamplingParams
 
 class Sequence:
     def __init__(self, seq_id: int, prompt_ids: List[int], params: SamplingParams,
-                 eos_ids: List[int], device):
+                 eos_ids: List[int], device, tokenizer):
         self.seq_id = seq_id
         self.prompt_ids = list(prompt_ids)
         self.output_ids: List[int] = []
@@ -26,7 +26,7 @@ class Sequence:
             else:
                 self.generator.seed()
         self.text = ""
-        self.detok: Optional[IncrementalText] = None   # the output's text as it grows (the engine's tokenizer)
+        self.detok = IncrementalText(tokenizer)   # the output's text as it grows
         self.stop_checked = 0        # characters of that text already searched for stop strings
         self.num_emitted_chars = 0   # text already handed out by stream()
         self.finish_reason: Optional[str] = None
