@@ -1,7 +1,7 @@
 """The native decoder stack (``ops.DecoderStack``) against the per-op path it replaces:
 the same kernels in the same order, so hidden states and the K/V written to the pools must
 be equal bit for bit - across architectures (Llama, Qwen2 q/k/v biases, Mistral sliding
-window), float32 and bfloat16 weights, several sequences with cached context, draft-tree
+window), float32, bfloat16 and block-quantized weights, several sequences with cached context, draft-tree
 blocks and MTP heads of both layouts."""
 import numpy as np
 import pytest
@@ -55,7 +55,8 @@ def _both_paths(model, cfg, meta, positions, inputs, g, kv_dtype=torch.float32, 
 
 
 @pytest.mark.parametrize("arch,weights", [("llama", "bfloat16"), ("llama", "float32"), ("qwen2", "bfloat16"),
-                                          ("mistral", "float32")])
+                                          ("mistral", "float32"), ("llama", "q8_0"), ("qwen2", "q4_1"),
+                                          ("mistral", "q4_0")])
 @pytest.mark.parametrize("num_query", [[1], [3, 1, 5], [8], [40, 2]])
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_stack_equals_the_per_op_path(tmp_path, arch, weights, num_query, kv_dtype):
@@ -65,12 +66,13 @@ def test_stack_equals_the_per_op_path(tmp_path, arch, weights, num_query, kv_dty
     hf = make_hf_model(str(tmp_path / "m"), arch, seed=3, num_key_value_heads=1 if arch == "qwen2" else 2, **extra)
     if weights == "bfloat16":
         hf.to(torch.bfloat16).save_pretrained(str(tmp_path / "m"), safe_serialization=True)
-    model = load_model(str(tmp_path / "m"))
+    quantization = weights if weights.startswith("q") else "none"
+    model = load_model(str(tmp_path / "m"), quantization=quantization)
     cfg = model.config
     rows = _rows(num_query, [5 * i + 3 for i in range(len(num_query))])
     meta, positions = build_metadata(rows, PAGE, "cpu", extra.get("sliding_window"), native_attention=True)
     total = sum(num_query)
-    if total > (64 if weights == "bfloat16" else 8):
+    if total > (8 if weights == "float32" else 64):
         assert model.native_stack(_cache(cfg, torch.Generator())).accepts(torch.zeros(total, cfg.hidden_size)) is False
         return
     g = torch.Generator().manual_seed(total)

@@ -51,7 +51,7 @@ def hf(path):
 @pytest.fixture(scope="module")
 def llm(path):
     """float32 weights (dequantized exactly), as transformers holds them."""
-    return LLM(path, compact_weights=False, kv_cache_memory=64 << 20)
+    return LLM(path, compact_weights=False, quantization="none", kv_cache_memory=64 << 20)
 
 
 def test_tokenizer_matches_transformers(path, hf):
@@ -109,7 +109,7 @@ def test_greedy_chat_replies_match_transformers(llm, hf):
 def test_compact_weights_stay_close_to_float32(path, llm):
     """Default CPU loading keeps the matrices in bfloat16: prefill logits stay within the
     bfloat16 rounding of weights and activations of the float32 model, and most greedy tokens agree."""
-    compact = LLM(path, kv_cache_memory=64 << 20)
+    compact = LLM(path, quantization="none", kv_cache_memory=64 << 20)
     tok = llm.tokenizer
     prompts = [tok.encode(render_chat(tok.chat_template, c)) for c in CONVERSATIONS]
     exact = paged_logits(llm.engine.model, prompts, [[] for _ in prompts], page_size=16)

@@ -28,14 +28,14 @@ using ModelPointers = std::array<uintptr_t, 7>;
 class DecoderStack {
  public:
   DecoderStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t inter,
-               int64_t num_slots, float eps, float scale, bool bf16_weights, const std::vector<LayerPointers>& layers,
+               int64_t num_slots, float eps, float scale, int weight_format, const std::vector<LayerPointers>& layers,
                const ModelPointers& model, int64_t max_positions, int kv_dtype) {
     if (hidden <= 0 || num_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 || inter <= 0 ||
         num_slots <= 0 || num_heads % num_kv_heads || max_positions <= 0 || model[0] == 0 || model[1] == 0) {
       throw std::invalid_argument("DecoderStack: invalid shape");
     }
     if (kv_dtype < 0 || kv_dtype > 2) throw std::invalid_argument("DecoderStack: invalid kv_dtype");
-    shape_ = {hidden, num_heads, num_kv_heads, head_dim, inter, num_slots, eps, scale, bf16_weights,
+    shape_ = {hidden, num_heads, num_kv_heads, head_dim, inter, num_slots, eps, scale, weight_format_of(weight_format),
               static_cast<DType>(kv_dtype)};
     for (const LayerPointers& p : layers) {
       if (p[1] == 0 || p[2] == 0 || p[4] == 0 || p[5] == 0 || p[6] == 0 || p[7] == 0 || p[8] == 0) {
@@ -88,8 +88,8 @@ class DecoderStack {
                                  reinterpret_cast<float*>(out), num_threads);
   }
 
-  // io: embed, embed_bf16, lm_head, lm_head_bf16, lm_rows, block_table, max_pages, page_size, window, embed_rows.
-  using IOArgs = std::tuple<uintptr_t, bool, uintptr_t, bool, int64_t, uintptr_t, int64_t, int64_t, int64_t, int64_t>;
+  // io: embed, embed_bf16, lm_head, lm_head_format, lm_rows, block_table, max_pages, page_size, window, embed_rows.
+  using IOArgs = std::tuple<uintptr_t, bool, uintptr_t, int, int64_t, uintptr_t, int64_t, int64_t, int64_t, int64_t>;
 
   // sampling: (temperature, top_k, top_p, uniforms, probs) pointers, or all 0 for top tokens.
   void chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t positions,
@@ -140,7 +140,7 @@ class DecoderStack {
     io.embed = reinterpret_cast<const void*>(std::get<0>(a));
     io.embed_bf16 = std::get<1>(a);
     io.lm_head = reinterpret_cast<const void*>(std::get<2>(a));
-    io.lm_head_bf16 = std::get<3>(a);
+    io.lm_head_format = weight_format_of(std::get<3>(a));
     io.lm_rows = std::get<4>(a);
     io.block_table = reinterpret_cast<const int64_t*>(std::get<5>(a));
     io.batch = batch;
@@ -164,10 +164,10 @@ class DecoderStack {
 void bind_decoder_stack(py::module_& m) {
   py::class_<DecoderStack>(m, "DecoderStack",
                            "Llama decoder layers as one native call for small float32 CPU steps (raw pointers).")
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool,
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, int,
                     const std::vector<LayerPointers>&, const ModelPointers&, int64_t, int>(),
            py::arg("hidden"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("inter"),
-           py::arg("num_slots"), py::arg("eps"), py::arg("scale"), py::arg("bf16_weights"), py::arg("layers"),
+           py::arg("num_slots"), py::arg("eps"), py::arg("scale"), py::arg("weight_format"), py::arg("layers"),
            py::arg("model"), py::arg("max_positions"), py::arg("kv_dtype") = 0)
       .def("forward", &DecoderStack::forward,
            "Runs the stack over x (m, hidden) in place (an MTP head's input projection with features first) and "

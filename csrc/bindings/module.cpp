@@ -13,6 +13,7 @@
 #include "sonarspec/sampling.h"
 #include "sonarspec/shifted_scatter.h"
 #include "sonarspec/small_gemm.h"
+#include "sonarspec/quant_gemm.h"
 #include "sonarspec/thread_pool.h"
 #ifdef SONARSPEC_WITH_CUDA
 #include "sonarspec/device.h"
@@ -165,9 +166,9 @@ int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, int kv_
 }
 
 void small_gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
-                int num_threads, bool bf16_weights) {
+                int num_threads, int weight_format) {
   py::gil_scoped_release release;
-  small_gemm_any(reinterpret_cast<const float*>(x), reinterpret_cast<const void*>(w), bf16_weights,
+  small_gemm_any(reinterpret_cast<const float*>(x), reinterpret_cast<const void*>(w), weight_format_of(weight_format),
                  reinterpret_cast<const float*>(bias), reinterpret_cast<float*>(y), m, n, k, num_threads);
 }
 
@@ -193,16 +194,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &build_info, "How this extension was built: cuda, cuda_arch, version.");
   m.def("cuda_available", &cuda_available, "Whether a CUDA device is usable at run time.");
   m.def("small_mlp", [](uintptr_t x, uintptr_t gate_up, uintptr_t down, uintptr_t y, int64_t m, int64_t hidden,
-                        int64_t inter, bool bf16_weights, int num_threads) {
+                        int64_t inter, int weight_format, int num_threads) {
     py::gil_scoped_release release;
     small_mlp(reinterpret_cast<const float*>(x), reinterpret_cast<const void*>(gate_up),
-              reinterpret_cast<const void*>(down), reinterpret_cast<float*>(y), m, hidden, inter, bf16_weights,
+              reinterpret_cast<const void*>(down), reinterpret_cast<float*>(y), m, hidden, inter, weight_format_of(weight_format),
               num_threads);
   }, "Gated SiLU MLP for few rows: small_gemm, silu_and_mul, small_gemm in one call (raw pointers).");
   m.def("set_worker_spin_us", &sonarspec::ThreadPool::set_spin_us,
         "How long idle CPU kernel workers poll for the next call before sleeping (microseconds).");
   m.def("worker_spin_us", &sonarspec::ThreadPool::spin_us, "The current worker polling time (microseconds).");
-  m.def("small_gemm", &small_gemm, "y = x @ w^T (+ bias), float32 x, float32 or bfloat16 w, few rows of x (raw pointers).");
+  m.def("small_gemm", &small_gemm, "y = x @ w^T (+ bias), float32 x, w in a WeightFormat (float32, bfloat16, packed blocks), few rows of x (raw pointers).");
   m.def("padded_gemm_cuda", &padded_gemm_cuda_op,
         "y = x @ w^T (+ bias) with 64-row CUTLASS tiles, 16-bit CUDA tensors (raw pointers); -1: unsupported shape.");
   m.def("kv_store", &kv_store, "Scatter key/value rows into paged pools (raw pointers).");
@@ -226,6 +227,11 @@ PYBIND11_MODULE(_C, m) {
   }, "Sampling distribution of logit rows (temperature, top-k, top-p), float32 CPU (raw pointers).");
   m.def("bf16_dot_available", &bf16_dot_available,
         "Whether bfloat16-weight GEMMs use VDPBF16PS here (AVX512_BF16, unless SONARSPEC_NO_BF16_DOT is set).");
+  m.def("vnni_available", &vnni_available,
+        "Whether block-quantized GEMMs use AVX-512 VNNI here (unless SONARSPEC_NO_VNNI is set).");
+  m.def("quant_packed_bytes", [](int format, int64_t n, int64_t k) {
+    return quant_packed_bytes(weight_format_of(format), n, k);
+  }, "Bytes of a packed (n, k) block-quantized matrix (see quant_gemm.h).");
   m.def("amx_available", &amx_available,
         "Whether bfloat16-weight GEMMs run on AMX tiles here (AMX-BF16, unless SONARSPEC_NO_AMX is set).");
   m.def("top_token", [](uintptr_t logits, int64_t vocab) {

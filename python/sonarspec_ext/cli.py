@@ -49,7 +49,8 @@ def _make_llm(args):
     spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=k,
                       tree_top_k=args.tree_top_k, tree_num_nodes=args.tree_nodes)
     load = {} if getattr(args, "spec_max_batch", None) is None else {"spec_max_batch": args.spec_max_batch}
-    llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, **load)
+    llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+              quantization=args.quantization, **load)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
     return llm, params, method
@@ -104,6 +105,14 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="activation dtype")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="KV cache dtype (auto: bfloat16 on the CPU for bfloat16 weights, else the activation dtype)")
+    add_quantization_arg(p)
+
+
+def add_quantization_arg(p) -> None:
+    from .models.loader import QUANTIZATION_CHOICES
+    p.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,
+                   help="weight matrices: auto keeps a GGUF file's Q8_0/Q4_0/Q4_1 blocks (CPU), none dequantizes "
+                        "them at load, q8_0/q4_0/q4_1 quantize any checkpoint at load")
 
 
 def _packaged(name: str) -> bool:

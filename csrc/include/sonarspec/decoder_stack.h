@@ -5,13 +5,15 @@
 // MLP + residual; then an optional final RMSNorm. It calls the same kernels in the same
 // order as the per-op path (small_gemm, rope_cpu, kv_store_cpu, paged_attention_cpu,
 // small_mlp, rms_norm_cpu), so both give bit-identical results; what it removes is the
-// per-op dispatch between them. float32 activations; float32 or bfloat16 weights; float32,
+// per-op dispatch between them. float32 activations; float32, bfloat16 or block-quantized
+// weights; float32,
 // bfloat16 or float16 KV pools.
 #pragma once
 
 #include <cstdint>
 
 #include "sonarspec/kv_store.h"   // DType
+#include "sonarspec/small_gemm.h"   // WeightFormat
 
 namespace sonarspec {
 
@@ -31,7 +33,7 @@ struct DecoderShape {
   int64_t hidden = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, inter = 0, num_slots = 0;
   float eps = 1e-6f;
   float scale = 0.f;   // attention scale (the caller's head_dim ** -0.5)
-  bool bf16_weights = false;
+  WeightFormat weight_format = WeightFormat::kF32;   // every matrix of the stack's
   DType kv_dtype = DType::kFloat32;   // the KV pools': float32, or bfloat16 / float16 (rounded on store)
 };
 

@@ -1,7 +1,7 @@
 // y = x @ w^T (+ bias) for few rows of x: the decode / verification / draft case,
 // where a general GEMM library falls back to slow matrix-vector paths. Weights are
-// streamed once per call; x rows stay in L1. float32 activations, float32 or bfloat16
-// weights. Every output depends only on its own row of x, never on how many rows share
+// streamed once per call; x rows stay in L1. float32 activations, float32, bfloat16 or
+// block-quantized weights. Every output depends only on its own row of x, never on how many rows share
 // the call, so a token decoded alone and the same token verified among others agree
 // bit for bit.
 #pragma once
@@ -32,8 +32,12 @@ bool bf16_dot_available();
 // granted by the kernel), unless SONARSPEC_NO_AMX or SONARSPEC_NO_BF16_DOT is set non-zero.
 bool amx_available();
 
-// One of the two above, by the weights' type: bfloat16 bits when bf16_weights, else float32.
-void small_gemm_any(const float* x, const void* w, bool bf16_weights, const float* bias, float* y, int64_t m,
+// How a weight matrix is stored: float32, bfloat16 bits, or one of quant_gemm.h's packed
+// GGUF block formats. The codes are the Python side's (ops.quantized.FORMAT_CODES).
+enum class WeightFormat : int { kF32 = 0, kBF16 = 1, kQ8_0 = 2, kQ4_0 = 3, kQ4_1 = 4 };
+
+// The GEMM for the weights' format: small_gemm_f32, small_gemm_bf16w or quant_gemm.
+void small_gemm_any(const float* x, const void* w, WeightFormat format, const float* bias, float* y, int64_t m,
                     int64_t n, int64_t k, int num_threads);
 
 }  // namespace sonarspec
@@ -43,8 +47,8 @@ namespace sonarspec {
 // Gated SiLU MLP for few rows, in one call: y = (silu(x @ g^T) * (x @ u^T)) @ down^T where
 // gate_up (2 * inter, hidden) stacks g over u and down is (hidden, inter); x (m, hidden),
 // y (m, hidden). Same arithmetic as small_gemm, silu_and_mul_cpu, small_gemm in turn.
-// bf16_weights: both weights are bfloat16 bits (uint16_t), else float32.
+// Both weights are stored in `format`.
 void small_mlp(const float* x, const void* gate_up, const void* down, float* y, int64_t m, int64_t hidden,
-               int64_t inter, bool bf16_weights, int num_threads);
+               int64_t inter, WeightFormat format, int num_threads);
 
 }  // namespace sonarspec

@@ -15,7 +15,7 @@ struct StackIO {
   const void* embed = nullptr;  // (>= lm_rows, hidden), float32 or bfloat16 bits
   bool embed_bf16 = false;
   const void* lm_head = nullptr;  // (lm_rows, hidden)
-  bool lm_head_bf16 = false;
+  WeightFormat lm_head_format = WeightFormat::kF32;
   int64_t lm_rows = 0;
   int64_t embed_rows = 0;  // rows of embed: input tokens must lie below (>= lm_rows for chains)
   const int64_t* block_table = nullptr;  // (batch, max_pages): row b holds sequence b's pages

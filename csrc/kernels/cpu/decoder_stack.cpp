@@ -58,7 +58,7 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
         std::memcpy(row + s.hidden, f, sizeof(float) * s.hidden);
       }
     }
-    small_gemm_any(h.data(), w.fc, s.bf16_weights, w.fc_bias, x, m, s.hidden, 2 * s.hidden, num_threads);
+    small_gemm_any(h.data(), w.fc, s.weight_format, w.fc_bias, x, m, s.hidden, 2 * s.hidden, num_threads);
   }
   qkv.resize(static_cast<size_t>(m * qkv_dim));
   qk.resize(static_cast<size_t>(m * qk_dim));
@@ -75,7 +75,7 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
       rms_norm_cpu(x, L.input_norm, h.data(), m, s.hidden, s.eps);
       in = h.data();
     }
-    small_gemm_any(in, L.qkv, s.bf16_weights, L.qkv_bias, qkv.data(), m, qkv_dim, s.hidden, num_threads);
+    small_gemm_any(in, L.qkv, s.weight_format, L.qkv_bias, qkv.data(), m, qkv_dim, s.hidden, num_threads);
     gather_rows(qkv.data(), qkv_dim, qk.data(), m, qk_dim);   // cat(q, k) per token
     rope_cpu(qk.data(), cos.data(), sin.data(), qk_rot.data(), m, s.num_heads + s.num_kv_heads, s.head_dim);
     gather_rows(qk_rot.data(), qk_dim, q.data(), m, q_dim);
@@ -88,10 +88,10 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
                                                 a.tree_mask, att.data(), m, s.num_heads, s.num_kv_heads, s.head_dim,
                                                 s.num_slots, s.scale, num_threads);
     bad += no_keys < 0 ? m : no_keys;
-    small_gemm_any(att.data(), L.o, s.bf16_weights, nullptr, tmp.data(), m, s.hidden, q_dim, num_threads);
+    small_gemm_any(att.data(), L.o, s.weight_format, nullptr, tmp.data(), m, s.hidden, q_dim, num_threads);
     add_inplace(x, tmp.data(), m * s.hidden);
     rms_norm_cpu(x, L.post_norm, h.data(), m, s.hidden, s.eps);
-    small_mlp(h.data(), L.gate_up, L.down, tmp.data(), m, s.hidden, s.inter, s.bf16_weights, num_threads);
+    small_mlp(h.data(), L.gate_up, L.down, tmp.data(), m, s.hidden, s.inter, s.weight_format, num_threads);
     add_inplace(x, tmp.data(), m * s.hidden);
   }
   if (w.final_norm != nullptr) {

@@ -12,7 +12,6 @@
 #endif
 
 namespace sonarspec {
-namespace {
 
 float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
@@ -36,6 +35,8 @@ float half_to_float(uint16_t h) {
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
+
+namespace {
 
 uint16_t float_to_half(float f) {   // nearest, ties to even; NaN stays NaN
   uint32_t u;

@@ -9,6 +9,9 @@
 
 namespace sonarspec {
 
+// float16 bits -> float32, exact (subnormals, infinities and NaN included).
+float half_to_float(uint16_t h);
+
 // dst[c * d + i] = pool[slots[c] * row + off + i] as float32, for c < n, i < d.
 void kv_widen_rows(const void* pool, DType dtype, const int64_t* slots, int n, int64_t row, int64_t off, int64_t d,
                    float* dst);

@@ -3,14 +3,15 @@
 // Up to 8 input rows are served by one pass over the weights, so verifying 1 + K
 // tokens streams the weights once, like decoding one.
 #include "sonarspec/small_gemm.h"
+#include "sonarspec/quant_gemm.h"
 
 #include <algorithm>
 #include <vector>
 
 #include "amx_gemm.h"
 #include "bf16_dot.h"
+#include "split_columns.h"
 
-#include "sonarspec/thread_pool.h"
 #include "vec.h"
 
 #if defined(__x86_64__)
@@ -93,45 +94,6 @@ void rows(const float* x, const W* w, const float* bias, float* y, int64_t m, in
   add_bias(bias, y, m, n, n_begin, n_end);
 }
 
-// Runs cols(n_begin, n_end) over column ranges of an (m, n, k) GEMM with `weight_bytes`
-// per weight. A thread per kMinWork multiply-adds at least (waking a worker costs about
-// as much as a few thousand of them), tasks of at least 64 KiB of weights, up to four per
-// thread, as many as keep the threads evenly loaded (workers claim tasks one by one, so
-// the busiest thread runs ceil(tasks / threads) of them); small problems stay on the
-// calling thread. Ranges start at multiples of `align` (the kernel's column block), so no
-// column's arithmetic depends on the thread count.
-template <typename F>
-void split_columns(int64_t m, int64_t n, int64_t k, int64_t weight_bytes, int num_threads, F&& cols,
-                   int64_t align = 4) {
-  constexpr int64_t kMinWork = int64_t{1} << 16;
-  int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads, m * n * k / kMinWork));
-  if (threads == 1) {
-    cols(int64_t{0}, n);
-    return;
-  }
-  const int64_t blocks = (n + align - 1) / align;
-  const int64_t min_blocks = std::max<int64_t>(1, ((64 * 1024) / (k * weight_bytes) + align - 1) / align);
-  int64_t chunk = blocks, busiest = blocks + 1;
-  for (int64_t per_thread = 4; per_thread >= 1; --per_thread) {
-    const int64_t c = std::max(min_blocks, (blocks + per_thread * threads - 1) / (per_thread * threads));
-    const int64_t tasks = (blocks + c - 1) / c, load = (tasks + threads - 1) / threads * c;
-    if (load < busiest) {
-      busiest = load;
-      chunk = c;
-    }
-  }
-  chunk *= align;
-  const int num_tasks = static_cast<int>((n + chunk - 1) / chunk);
-  if (num_tasks == 1) {
-    cols(int64_t{0}, n);
-    return;
-  }
-  ThreadPool::global().run(num_tasks, static_cast<int>(threads), [&](int t) {
-    int64_t b = t * chunk, e = std::min(n, b + chunk);
-    cols(b, e);
-  });
-}
-
 template <typename W>
 void small_gemm(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
                 int num_threads) {
@@ -179,12 +141,12 @@ void small_gemm_bf16w(const float* x, const uint16_t* w, const float* bias, floa
   small_gemm(xr.data(), w, bias, y, m, n, k, num_threads);
 }
 
-void small_gemm_any(const float* x, const void* w, bool bf16_weights, const float* bias, float* y, int64_t m,
+void small_gemm_any(const float* x, const void* w, WeightFormat format, const float* bias, float* y, int64_t m,
                     int64_t n, int64_t k, int num_threads) {
-  if (bf16_weights) {
-    small_gemm_bf16w(x, static_cast<const uint16_t*>(w), bias, y, m, n, k, num_threads);
-  } else {
-    small_gemm(x, static_cast<const float*>(w), bias, y, m, n, k, num_threads);
+  switch (format) {
+    case WeightFormat::kF32: return small_gemm(x, static_cast<const float*>(w), bias, y, m, n, k, num_threads);
+    case WeightFormat::kBF16: return small_gemm_bf16w(x, static_cast<const uint16_t*>(w), bias, y, m, n, k, num_threads);
+    default: return quant_gemm(x, static_cast<const uint8_t*>(w), format, bias, y, m, n, k, num_threads);
   }
 }
 

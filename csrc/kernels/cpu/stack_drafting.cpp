@@ -60,7 +60,7 @@ struct Step {
 };
 
 void lm_head(const StackIO& io, const float* h, float* logits, int64_t rows, int64_t hidden, int num_threads) {
-  small_gemm_any(h, io.lm_head, io.lm_head_bf16, nullptr, logits, rows, io.lm_rows, hidden, num_threads);
+  small_gemm_any(h, io.lm_head, io.lm_head_format, nullptr, logits, rows, io.lm_rows, hidden, num_threads);
 }
 
 }  // namespace

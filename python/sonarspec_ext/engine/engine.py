@@ -18,7 +18,8 @@ import torch
 
 from .. import _C
 from ..models.config import ModelConfig
-from ..models.loader import has_compact_weights, load_model, load_tokenizer, parse_dtype
+from ..models.loader import (QUANTIZATION_CHOICES, has_compact_weights, load_model, load_tokenizer,
+                             parse_dtype)
 from ..ops.linear import native_gemm_threads
 from ..params import SamplingParams, SpecConfig
 from ..runtime.kv_cache import KVCache, num_pages_for_budget
@@ -65,6 +66,10 @@ class EngineConfig:
     # compute dtype), "float32", "bfloat16" or "float16" (16-bit pools halve the bytes attention
     # reads per token; values are rounded to nearest even as they are stored)
     kv_cache_dtype: str = "auto"
+    # the target's weight matrices (models.loader.resolve_quantization): "auto" keeps a GGUF
+    # file's Q8_0 / Q4_0 / Q4_1 blocks (CPU, float32 activations), "none" dequantizes at load,
+    # "q8_0" / "q4_0" / "q4_1" quantize any checkpoint at load
+    quantization: str = "auto"
 
     def __post_init__(self):
         for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "num_pages",
@@ -76,6 +81,9 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.quantization not in QUANTIZATION_CHOICES:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
+                             f"got {self.quantization!r}")
         if self.spec_max_batch is not None and (not isinstance(self.spec_max_batch, int) or self.spec_max_batch < 0):
             raise ValueError(f"spec_max_batch must be None or an integer >= 0, got {self.spec_max_batch!r}")
 
@@ -96,8 +104,8 @@ class Engine:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but torch sees no CUDA device")
         self.dtype = parse_dtype(dtype)
-        self.model = load_model(model_dir, self.dtype, self.device,
-                                compact_weights=self.config.compact_weights)
+        self.model = load_model(model_dir, self.dtype, self.device, compact_weights=self.config.compact_weights,
+                                quantization=self.config.quantization)
         self.model_config: ModelConfig = self.model.config
         self.tokenizer = load_tokenizer(model_dir)
         eos = list(self.model_config.eos_token_ids)

@@ -15,6 +15,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
+from ..ops.quantized import QuantizedMatrix, format_of_gguf_type
 from .config import CheckpointError, ModelConfig
 
 # GGUF ``general.architecture`` -> (HF architecture, Q/K rows permuted by the converter)
@@ -157,9 +158,15 @@ class GGUFCheckpoint:
         return {"rope_type": "linear", "factor": float(self._arch_field("rope.scaling.factor", 1.0))}
 
     def state_dict(self, cfg: ModelConfig, expected: Dict[str, torch.Size], dtype: torch.dtype,
-                   compact: bool = False) -> Dict[str, torch.Tensor]:
+                   compact: bool = False, quantization: str = "none") -> Dict[str, object]:
         """The tensors named in ``expected`` (HF names), dequantized to ``dtype`` - or, with
-        ``compact``, 2-D matrices in bfloat16 (rounded from the dequantized values)."""
+        ``compact``, 2-D matrices in bfloat16 (rounded from the dequantized values).
+
+        ``quantization`` (see ``resolve_quantization``): "none" as above; a format name
+        ("q8_0", ...): the projection matrices and the lm_head (for tied embeddings, also
+        from ``token_embd``, the embedding itself staying float) as ``QuantizedMatrix`` in
+        that format - the file's own blocks where it already is in it, else requantized
+        from the dequantized values; "file": each of them in its own file format."""
         self._check_architecture()
         _, permuted = ARCHITECTURES[self.arch]
         state = {}
@@ -167,20 +174,52 @@ class GGUFCheckpoint:
             name = self._hf_name(gguf_name)
             if name is None or name not in expected:
                 continue
-            w = torch.from_numpy(self.tensor(gguf_name))
-            if tuple(w.shape) != tuple(expected[name]):
-                raise CheckpointError(f"{self.path}: tensor {gguf_name!r} has shape {list(w.shape)}, "
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            if shape != tuple(expected[name]):
+                raise CheckpointError(f"{self.path}: tensor {gguf_name!r} has shape {list(shape)}, "
                                       f"expected {list(expected[name])} for {name}")
+            heads = None
             if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+            quantize = (quantization != "none" and _is_matrix(name, cfg)
+                        and (quantization != "file" or format_of_gguf_type(t.tensor_type.name) is not None))
+            if quantize:
+                qname = "lm_head.weight" if name == "model.embed_tokens.weight" else name
+                state[qname] = self._quantized(gguf_name, quantization, heads)
+                if qname == name:
+                    continue
+            w = torch.from_numpy(self.tensor(gguf_name))
+            if heads is not None:
                 w = unpermute_rotary(w, heads)
-            keep = compact and w.dim() == 2
+            keep = compact and w.dim() == 2 and not quantize
             state[name] = w.to(torch.bfloat16 if keep else dtype)
         missing = [n for n in expected if n not in state and not (n == "lm_head.weight" and cfg.tie_word_embeddings)]
         if missing:
             raise CheckpointError(f"{self.path}: missing tensor for {missing[0]!r}"
                                   + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
         return state
+
+    def _quantized(self, gguf_name: str, quantization: str, heads: Optional[int]) -> QuantizedMatrix:
+        t = self.tensors[gguf_name]
+        own = format_of_gguf_type(t.tensor_type.name)
+        fmt = own if quantization == "file" else quantization
+        rows, cols = (int(d) for d in reversed(t.shape.tolist()))
+        if own == fmt:
+            blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(rows, -1))   # a copy: the file is mapped read-only
+            if heads is not None:
+                blocks = unpermute_rotary(blocks, heads)
+            return QuantizedMatrix.from_blocks(blocks.numpy(), fmt, cols)
+        w = torch.from_numpy(self.tensor(gguf_name))
+        return QuantizedMatrix.quantize(unpermute_rotary(w, heads) if heads is not None else w, fmt)
+
+    def file_formats(self, cfg: ModelConfig) -> set:
+        """The native formats (or GGUF type names where there is none) of the layers' matrices."""
+        found = set()
+        for gguf_name, t in self.tensors.items():
+            name = self._hf_name(gguf_name)
+            if name is not None and name.startswith("model.layers.") and _is_matrix(name, cfg):
+                found.add(format_of_gguf_type(t.tensor_type.name) or t.tensor_type.name)
+        return found
 
     @staticmethod
     def _hf_name(gguf_name: str) -> Optional[str]:
@@ -207,6 +246,13 @@ class GGUFCheckpoint:
         """The metadata and tensor index plus the first MiB of tensor data: changes with the file."""
         start = min((int(t.data_offset) for t in self.reader.tensors), default=len(self.reader.data))
         return bytes(self.reader.data[:start + (1 << 20)])
+
+
+def _is_matrix(name: str, cfg: ModelConfig) -> bool:
+    """Whether an HF tensor name is a linear layer's weight matrix (a projection, the
+    lm_head, or the embedding when the lm_head is tied to it)."""
+    return (name.endswith("_proj.weight") or name == "lm_head.weight"
+            or (name == "model.embed_tokens.weight" and cfg.tie_word_embeddings))
 
 
 def unpermute_rotary(w: torch.Tensor, num_heads: int) -> torch.Tensor:

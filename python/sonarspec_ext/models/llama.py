@@ -17,6 +17,7 @@ from ..layers.linear import Linear
 from ..ops.elementwise import apply_rope
 from ..ops.decoder_stack import DecoderStack, LayerTensors, ModelTensors
 from ..ops.linear import padded_linear, padded_mlp
+from ..ops.quantized import QuantizedMatrix
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
@@ -71,15 +72,24 @@ class LlamaMLP(nn.Module):
 
 def _fuse(linears):
     """Concatenates the weights (and biases) of linears sharing an input into one GEMM
-    operand, then points each layer's parameters at its rows of it (no extra memory)."""
-    weight = torch.cat([m.weight.detach() for m in linears])
+    operand, then points each layer's parameters at its rows of it (no extra memory;
+    quantized rows that do not start on a 16-row group keep their own copy)."""
+    quantized = isinstance(linears[0].weight, QuantizedMatrix)
+    if quantized:
+        weight = QuantizedMatrix.cat([m.weight for m in linears])
+    else:
+        weight = torch.cat([m.weight.detach() for m in linears])
     bias = None
     if linears[0].bias is not None:
         bias = torch.cat([m.bias.detach() for m in linears])
     row = 0
     for m in linears:
         rows = m.weight.shape[0]
-        m.weight = nn.Parameter(weight[row:row + rows], requires_grad=False)
+        if quantized:
+            if row % 16 == 0 and (rows % 16 == 0 or row + rows == weight.shape[0]):
+                m.weight = weight.row_range(row, row + rows)
+        else:
+            m.weight = nn.Parameter(weight[row:row + rows], requires_grad=False)
         if bias is not None:
             m.bias = nn.Parameter(bias[row:row + rows], requires_grad=False)
         row += rows

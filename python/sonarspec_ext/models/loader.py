@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from ..layers.rotary import RotaryEmbedding
 from .config import CheckpointError, ModelConfig
+from ..ops.quantized import QUANTIZED_FORMATS, QuantizedMatrix
 from .gguf import gguf_file, open_gguf
 from .llama import LlamaForCausalLM
 from .tokenizer import Tokenizer
@@ -110,12 +111,46 @@ def load_tokenizer(path: str) -> Tokenizer:
 
 
 def has_compact_weights(model: torch.nn.Module) -> bool:
-    """Whether ``model`` keeps bfloat16 weight matrices (``load_model``'s compact weights, or
-    a bfloat16 model)."""
-    return any(p.dtype == torch.bfloat16 and p.dim() == 2 for p in model.parameters())
+    """Whether ``model`` keeps bfloat16 or block-quantized weight matrices (``load_model``'s
+    compact weights or quantization, or a bfloat16 model)."""
+    return bool(quantized_formats(model)) or any(p.dtype == torch.bfloat16 and p.dim() == 2
+                                                  for p in model.parameters())
 
 
-def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool = True) -> LlamaForCausalLM:
+def quantized_formats(model: torch.nn.Module) -> set:
+    """The formats of the model's ``QuantizedMatrix`` weights (empty: none)."""
+    return {m.weight.format for m in model.modules() if isinstance(getattr(m, "weight", None), QuantizedMatrix)}
+
+
+QUANTIZATION_CHOICES = ("auto", "none") + QUANTIZED_FORMATS
+
+
+def resolve_quantization(quantization: str, path: str, device="cpu", dtype=torch.float32) -> str:
+    """What ``load_model`` does with ``quantization``: "none" (float weights), a format
+    name (every projection and the lm_head in it) or "file" (a GGUF file's own formats).
+
+    "auto": a GGUF file whose layer matrices are all in natively run formats (Q8_0, Q4_0,
+    Q4_1) keeps them ("file"); anything else loads float weights. Block formats run on the
+    CPU with float32 activations: elsewhere "auto" means "none" and a format is an error."""
+    if quantization not in QUANTIZATION_CHOICES:
+        raise ValueError(f"quantization {quantization!r} is not supported; choose one of "
+                         f"{', '.join(QUANTIZATION_CHOICES)}")
+    runs = torch.device(device).type == "cpu" and parse_dtype(dtype) == torch.float32
+    if quantization == "auto":
+        f = gguf_file(path) if runs else None
+        if f is None:
+            return "none"
+        ckpt = open_gguf(f)
+        formats = ckpt.file_formats(ckpt.config())
+        return "file" if formats and formats <= set(QUANTIZED_FORMATS) else "none"
+    if quantization != "none" and not runs:
+        raise ValueError(f"quantization {quantization!r} runs on the CPU with float32 activations, "
+                         f"not on {device} with {dtype}")
+    return quantization
+
+
+def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool = True,
+               quantization: str = "none") -> LlamaForCausalLM:
     """Build a model from an HF-format directory or a GGUF file (quantized tensors are
     dequantized at load); parameters land directly in ``dtype``.
 
@@ -125,31 +160,56 @@ def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool =
     bfloat16 dot products): half the memory and memory traffic of float32 copies and about
     twice their multiply-add rate. The residual stream, norms, attention and logits stay
     float32. ``compact_weights=False`` keeps float32 copies and float32 activations
-    throughout."""
+    throughout.
+
+    ``quantization`` (``resolve_quantization``): the projections and the lm_head as
+    ``ops.quantized.QuantizedMatrix`` (a tied lm_head gets its own quantized copy of the
+    embedding, which stays float32 for lookups); the native GEMM quantizes activations to
+    int8 per block of 32. Quantized models are inference-only."""
     torch_dtype = parse_dtype(dtype)
     compact = compact_weights and torch_dtype == torch.float32 and torch.device(device).type == "cpu"
+    quant = resolve_quantization(quantization, path, device, dtype)
     f = gguf_file(path)
     if f:
         ckpt = open_gguf(f)
         cfg = ckpt.config()
         model, expected = _empty_model(cfg)
-        state = ckpt.state_dict(cfg, expected, torch_dtype, compact=compact)
+        state = ckpt.state_dict(cfg, expected, torch_dtype, compact=compact, quantization=quant)
     else:
         if not os.path.isdir(path):
             raise CheckpointError(f"{path}: model directory or GGUF file not found")
+        if quant == "file":
+            raise ValueError(f"{path}: quantization 'file' keeps a GGUF file's formats; this is not a GGUF file")
         cfg = ModelConfig.from_dir(path)
         model, expected = _empty_model(cfg)
-        state = load_state(path, expected, torch_dtype, keep_bf16_matrices=compact)
-    if cfg.tie_word_embeddings:
+        state = load_state(path, expected, torch_dtype, keep_bf16_matrices=compact and quant == "none")
+        if quant != "none":
+            _quantize_matrices(state, cfg, quant)
+    quantized = {n: state.pop(n) for n in list(state) if isinstance(state[n], QuantizedMatrix)}
+    if cfg.tie_word_embeddings and "lm_head.weight" not in quantized:
         state.pop("lm_head.weight", None)
+    for name in quantized:   # plain attributes in place of the parameters
+        del model.get_submodule(name.rsplit(".", 1)[0])._parameters["weight"]
     model.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and "lm_head.weight" not in quantized:
         model.lm_head.weight = model.model.embed_tokens.weight
+    for name, w in quantized.items():
+        setattr(model.get_submodule(name.rsplit(".", 1)[0]), "weight", w)
     # Buffers (RoPE tables) were created on meta: rebuild them on the target device.
     model.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
     model = model.to(device).eval().requires_grad_(False)
     model.fuse_projections()
     return model
+
+
+def _quantize_matrices(state: Dict[str, torch.Tensor], cfg: ModelConfig, fmt: str) -> None:
+    """Replaces the projection matrices and the lm_head (a tied one: from the embedding) by
+    ``fmt`` quantizations of them."""
+    for name in list(state):
+        if name.endswith("_proj.weight") or name == "lm_head.weight":
+            state[name] = QuantizedMatrix.quantize(state[name], fmt)
+    if cfg.tie_word_embeddings:
+        state["lm_head.weight"] = QuantizedMatrix.quantize(state["model.embed_tokens.weight"], fmt)
 
 
 def _empty_model(cfg: ModelConfig):
@@ -161,6 +221,9 @@ def _empty_model(cfg: ModelConfig):
 
 def save_model(model: LlamaForCausalLM, path: str, dtype="float32") -> None:
     """Write ``config.json`` and ``model.safetensors`` (tied lm_head omitted, as HF does)."""
+    if quantized_formats(model):
+        raise ValueError("save_model writes float checkpoints; this model has quantized weights "
+                         "(load it with quantization='none' to save it)")
     os.makedirs(path, exist_ok=True)
     torch_dtype = parse_dtype(dtype)
     cfg = model.config

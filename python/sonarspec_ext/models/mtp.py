@@ -22,6 +22,7 @@ from torch import nn
 from ..layers.attention import AttentionBackend
 from ..layers.linear import Linear
 from ..ops.linear import padded_linear
+from ..ops.quantized import float_weight, rows_of
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
@@ -70,7 +71,7 @@ class MTPHead(nn.Module):
                 raise ValueError(f"draft vocabulary ids must lie in [0, {V})")
             w = self._shared[1].weight
             self.draft_vocab = self.draft_vocab.to(w.device)
-            self._draft_lm_head = w.detach()[self.draft_vocab].contiguous()
+            self._draft_lm_head = rows_of(w, self.draft_vocab)
 
     @property
     def vocab_size(self) -> int:
@@ -138,8 +139,8 @@ class MTPHead(nn.Module):
         w = self._shared[1].weight
         key = (w.data_ptr(), None if vocab_ids is None else (vocab_ids.data_ptr(), vocab_ids.numel()))
         if getattr(self, "_train_lm_head_key", None) != key:
-            rows = w.detach() if vocab_ids is None else w.detach()[vocab_ids.to(w.device)]
-            self._train_lm_head, self._train_lm_head_key = rows.float().contiguous(), key
+            rows = w if vocab_ids is None else rows_of(w, vocab_ids)
+            self._train_lm_head, self._train_lm_head_key = float_weight(rows).contiguous(), key
         return F.linear(features.float(), self._train_lm_head)
 
     def fuse_projections(self) -> None:

@@ -18,11 +18,13 @@ from .. import _C
 from .checks import DTYPE_CODES, check_tensor
 from .elementwise import NATIVE_MAX_ROWS
 from .linear import COMPACT_MAX_ROWS, SMALL_M_MAX_ROWS, native_threads
+from .quantized import QuantizedMatrix, weight_format_code
 
 
 @dataclass
 class LayerTensors:
-    """One decoder layer's inference tensors (norms float32; matrices float32 or bfloat16)."""
+    """One decoder layer's inference tensors (norms float32; matrices float32, bfloat16 or
+    ``QuantizedMatrix``, all four in one format)."""
     input_norm: Optional[torch.Tensor]   # (hidden,) or None: no input norm (EAGLE-1 heads)
     post_norm: torch.Tensor              # (hidden,)
     qkv: torch.Tensor                    # ((num_heads + 2 * num_kv_heads) * head_dim, hidden)
@@ -48,6 +50,16 @@ class ModelTensors:
     final_norm: Optional[torch.Tensor] = None
 
 
+def _check_matrix(name: str, t, wformat) -> None:
+    """A stack matrix: a 2-D CPU tensor of dtype ``wformat``, or a QuantizedMatrix of format ``wformat``."""
+    if isinstance(t, QuantizedMatrix) or isinstance(wformat, str):
+        if not isinstance(t, QuantizedMatrix) or t.format != wformat:
+            got = t.format if isinstance(t, QuantizedMatrix) else getattr(t, "dtype", type(t).__name__)
+            raise ValueError(f"{name} is {got}: every matrix of a stack must be {wformat}")
+        return
+    check_tensor(name, t, dtypes=(wformat,), ndim=2, device=torch.device("cpu"))
+
+
 class DecoderStack:
     """Validates the tensors once and keeps them alive; ``forward`` runs one step."""
 
@@ -58,9 +70,11 @@ class DecoderStack:
         hidden = layers[0].post_norm.shape[0]
         head_dim = layers[0].k_pool.shape[-1]
         inter = layers[0].down.shape[1]
-        wdtype = layers[0].qkv.dtype
-        if wdtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"DecoderStack weights must be float32 or bfloat16, got {wdtype}")
+        first = layers[0].qkv
+        quantized = isinstance(first, QuantizedMatrix)
+        wformat = first.format if quantized else first.dtype
+        if not quantized and wformat not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"DecoderStack weights must be float32, bfloat16 or quantized, got {wformat}")
         shapes = {"qkv": ((num_heads + 2 * num_kv_heads) * head_dim, hidden), "o": (hidden, num_heads * head_dim),
                   "gate_up": (2 * inter, hidden), "down": (hidden, inter)}
         pool_shape, kv_dtype = tuple(layers[0].k_pool.shape), layers[0].k_pool.dtype
@@ -71,7 +85,7 @@ class DecoderStack:
         for i, L in enumerate(layers):
             for name, shape in shapes.items():
                 t = getattr(L, name)
-                check_tensor(f"layer {i} {name}", t, dtypes=(wdtype,), ndim=2, device=torch.device("cpu"))
+                _check_matrix(f"layer {i} {name}", t, wformat)
                 if tuple(t.shape) != shape:
                     raise ValueError(f"layer {i} {name} has shape {list(t.shape)}, expected {list(shape)}")
             for name in ("input_norm", "post_norm", "qkv_bias"):
@@ -93,7 +107,7 @@ class DecoderStack:
             if t.shape[1] != half or t.shape != model.cos.shape:
                 raise ValueError(f"{name} table has shape {list(t.shape)}, expected [max_positions, {half}]")
         if model.fc is not None:
-            check_tensor("fc", model.fc, dtypes=(wdtype,), ndim=2, device=torch.device("cpu"))
+            _check_matrix("fc", model.fc, wformat)
             if tuple(model.fc.shape) != (hidden, 2 * hidden):
                 raise ValueError(f"fc has shape {list(model.fc.shape)}, expected [{hidden}, {2 * hidden}]")
             if (model.enorm is None) != (model.hnorm is None):
@@ -105,14 +119,13 @@ class DecoderStack:
                 if t.shape[0] != hidden:
                     raise ValueError(f"{name} has {t.shape[0]} entries, expected {hidden}")
         self.layers, self.model, self.hidden, self.half = list(layers), model, hidden, half
-        self.compact = wdtype == torch.bfloat16
         # Rows up to which every op of the per-op path runs natively (and so this stack may).
-        self.max_rows = min(COMPACT_MAX_ROWS if self.compact else SMALL_M_MAX_ROWS, NATIVE_MAX_ROWS)
+        self.max_rows = min(SMALL_M_MAX_ROWS if wformat == torch.float32 else COMPACT_MAX_ROWS, NATIVE_MAX_ROWS)
         self._checked_io = None   # (embed, lm_head) checked by ops.stack_drafting for drafting calls
         p = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
         self._native = _C.DecoderStack(
             hidden, num_heads, num_kv_heads, head_dim, inter, pool_shape[0], float(eps), float(head_dim ** -0.5),
-            self.compact, [(p(L.input_norm), p(L.post_norm), p(L.qkv), p(L.qkv_bias), p(L.o), p(L.gate_up),
+            weight_format_code(first), [(p(L.input_norm), p(L.post_norm), p(L.qkv), p(L.qkv_bias), p(L.o), p(L.gate_up),
                             p(L.down), p(L.k_pool), p(L.v_pool)) for L in layers],
             tuple(p(getattr(model, n)) for n in ("cos", "sin", "fc", "fc_bias", "enorm", "hnorm", "final_norm")),
             model.cos.shape[0], DTYPE_CODES[kv_dtype])

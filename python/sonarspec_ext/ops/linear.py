@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from .. import _C
 from .checks import DTYPE_CODES, built_with_cutlass, stream_handle
 from .elementwise import NATIVE_MAX_ROWS, silu_and_mul
+from .quantized import QuantizedMatrix, weight_format_code
 
 # Largest row count sent to the native small-M kernel on CPU: one pass over the weights
 # serves up to 8 rows; beyond that torch's BLAS GEMM is as fast or faster.
@@ -82,6 +83,8 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     float32 (``F.linear`` on the widened operands beyond the native row counts). A bias
     that is not (out_features,) broadcasts (or fails) as ``F.linear`` decides."""
     rows = x.numel() // x.shape[-1] if x.dim() else 0
+    if isinstance(weight, QuantizedMatrix):
+        return _quantized_linear(x, weight, bias, rows)
     compact = weight.dtype == torch.bfloat16
     # inference runs every row count natively: each row's result is the one it gets alone
     # (F.linear rounds large batches differently), so a batch never changes a request's tokens
@@ -96,7 +99,7 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         xc = x.contiguous()
         out = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32)
         _C.small_gemm(xc.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
-                      rows, weight.shape[0], weight.shape[1], native_threads(), compact)
+                      rows, weight.shape[0], weight.shape[1], native_threads(), weight_format_code(weight))
         return out
     if x.device.type == "cuda" and built_with_cutlass():
         out = _cutlass_linear(x, weight, bias)
@@ -107,6 +110,28 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
     return F.linear(x, weight, bias)
+
+
+def _quantized_linear(x: torch.Tensor, weight: QuantizedMatrix, bias: Optional[torch.Tensor],
+                      rows: int) -> torch.Tensor:
+    """``padded_linear`` for block-quantized weights: the native GEMM for float32 CPU
+    activations without autograd, any number of rows (each row's result is the one it
+    gets alone); with autograd, F.linear on the dequantized matrix (frozen weights)."""
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x has {x.shape[-1]} features, the {weight.format} matrix takes {k}")
+    if x.device.type != "cpu":
+        raise ValueError(f"{weight.format} weights run on the CPU, got activations on {x.device}")
+    if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (n,) or bias.device.type != "cpu"):
+        raise ValueError(f"the bias of a {weight.format} matrix must be float32 of shape [{n}] on the CPU")
+    if torch.is_grad_enabled() and x.requires_grad:
+        return F.linear(x, weight.dequantize().to(x.dtype), None if bias is None else bias.to(x.dtype))
+    xc = x.float().contiguous()
+    out = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+    if rows:
+        _C.small_gemm(xc.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.contiguous().data_ptr(),
+                      out.data_ptr(), rows, n, k, native_threads(), weight.code)
+    return out
 
 
 _DTYPE_CODES = {d: DTYPE_CODES[d] for d in (torch.float16, torch.bfloat16)}   # the CUTLASS GEMM's
@@ -140,19 +165,28 @@ def padded_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch
     float32 CPU inputs with few rows (as ``padded_linear``) run as one native call; the
     result equals ``padded_linear``, ``silu_and_mul``, ``padded_linear`` in turn bit for
     bit, which is what every other case runs."""
+    quantized = isinstance(down_weight, QuantizedMatrix)
     for name, w in (("gate_up_weight", gate_up_weight), ("down_weight", down_weight)):
-        if not isinstance(w, torch.Tensor) or w.dim() != 2:
-            raise ValueError(f"{name} must be a 2-D tensor")
+        if not (isinstance(w, QuantizedMatrix) if quantized else isinstance(w, torch.Tensor) and w.dim() == 2):
+            raise ValueError(f"{name} must be a 2-D tensor, or both quantized matrices")
     H, inter = down_weight.shape
     if gate_up_weight.shape != (2 * inter, H):
         raise ValueError(f"gate_up_weight has shape {list(gate_up_weight.shape)}, expected [{2 * inter}, {H}] "
                          f"for down_weight of shape {list(down_weight.shape)}")
     if x.shape[-1] != H:
         raise ValueError(f"x has {x.shape[-1]} features, the MLP takes {H}")
+    rows = x.numel() // H
+    if quantized:
+        if gate_up_weight.format != down_weight.format:
+            raise ValueError(f"gate_up_weight ({gate_up_weight.format}) and down_weight ({down_weight.format}) "
+                             f"must share a format")
+        if (0 < rows <= NATIVE_MAX_ROWS and x.device.type == "cpu" and x.dtype == torch.float32
+                and not (torch.is_grad_enabled() and x.requires_grad)):
+            return _native_mlp(x, gate_up_weight, down_weight, rows, H, inter)
+        return padded_linear(silu_and_mul(padded_linear(x, gate_up_weight)), down_weight)
     if gate_up_weight.dtype != down_weight.dtype:
         raise ValueError(f"gate_up_weight ({gate_up_weight.dtype}) and down_weight ({down_weight.dtype}) "
                          f"must share a dtype")
-    rows = x.numel() // H
     compact = down_weight.dtype == torch.bfloat16
     if (uses_native_gemm(rows, x.device, x.dtype, compact) and rows <= NATIVE_MAX_ROWS
             and down_weight.dtype in (torch.float32, torch.bfloat16)
@@ -160,9 +194,13 @@ def padded_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch
             and gate_up_weight.device == x.device and down_weight.device == x.device
             and not (torch.is_grad_enabled() and (x.requires_grad or gate_up_weight.requires_grad
                                                   or down_weight.requires_grad))):
-        xc = x.contiguous()
-        out = torch.empty(*x.shape[:-1], H, dtype=torch.float32)
-        _C.small_mlp(xc.data_ptr(), gate_up_weight.data_ptr(), down_weight.data_ptr(), out.data_ptr(), rows, H,
-                     inter, compact, native_threads())
-        return out
+        return _native_mlp(x, gate_up_weight, down_weight, rows, H, inter)
     return padded_linear(silu_and_mul(padded_linear(x, gate_up_weight)), down_weight)
+
+
+def _native_mlp(x, gate_up_weight, down_weight, rows: int, H: int, inter: int) -> torch.Tensor:
+    xc = x.contiguous()
+    out = torch.empty(*x.shape[:-1], H, dtype=torch.float32)
+    _C.small_mlp(xc.data_ptr(), gate_up_weight.data_ptr(), down_weight.data_ptr(), out.data_ptr(), rows, H,
+                 inter, weight_format_code(down_weight), native_threads())
+    return out

@@ -12,13 +12,14 @@ import torch
 from .checks import check_tensor
 from .decoder_stack import DecoderStack
 from .linear import SMALL_M_MAX_ROWS, native_threads
+from .quantized import QuantizedMatrix, weight_format_code
 
 
 def fits(stack: DecoderStack, lm_head: torch.Tensor, rows: int, num_tokens: int) -> bool:
     """Whether a drafting call over ``num_tokens`` tokens in ``rows`` rows runs natively: the
     stack takes the tokens, and the lm_head GEMM the rows, as the per-op path would."""
     return (0 < num_tokens <= stack.max_rows
-            and not (lm_head.dtype == torch.float32 and rows > SMALL_M_MAX_ROWS))
+            and not (weight_format_code(lm_head) == 0 and rows > SMALL_M_MAX_ROWS))
 
 
 def block_table(tables) -> torch.Tensor:
@@ -32,7 +33,8 @@ def block_table(tables) -> torch.Tensor:
 
 def _check_weights(stack: DecoderStack, embed, lm_head) -> None:
     for name, t in (("embed", embed), ("lm_head", lm_head)):
-        check_tensor(name, t, dtypes=(torch.float32, torch.bfloat16), ndim=2, device=torch.device("cpu"))
+        if not (name == "lm_head" and isinstance(t, QuantizedMatrix)):
+            check_tensor(name, t, dtypes=(torch.float32, torch.bfloat16), ndim=2, device=torch.device("cpu"))
         if t.shape[1] != stack.hidden:
             raise ValueError(f"{name} has shape {list(t.shape)}, expected [rows, {stack.hidden}]")
     if embed.shape[0] < lm_head.shape[0]:
@@ -60,7 +62,7 @@ def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window
         features = features.contiguous()
         if features.shape != (num_tokens, stack.hidden):
             raise ValueError(f"features have shape {list(features.shape)}, expected [{num_tokens}, {stack.hidden}]")
-    args = (embed.data_ptr(), embed.dtype == torch.bfloat16, lm_head.data_ptr(), lm_head.dtype == torch.bfloat16,
+    args = (embed.data_ptr(), embed.dtype == torch.bfloat16, lm_head.data_ptr(), weight_format_code(lm_head),
             lm_head.shape[0], block_table.data_ptr(), block_table.shape[1], page_size, window or 0, embed.shape[0])
     return args, features
 

@@ -1,0 +1,149 @@
+// GEMMs over GGUF block-quantized weights; see sonarspec/quant_gemm.h. The activations are
+// quantized here once per call; the column kernels are quant_gemm_vnni.cpp (AVX-512 VNNI)
+// and the portable loops below, which compute the same values bit for bit.
+#include "sonarspec/quant_gemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kv_convert.h"   // half_to_float
+#include "quant_kernels.h"
+#include "split_columns.h"
+
+namespace sonarspec {
+namespace {
+
+bool is_quantized(WeightFormat f) {
+  return f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1;
+}
+
+// Per-thread storage of one call's quantized activations.
+struct RowBuffers {
+  std::vector<int8_t> q;
+  std::vector<float> d, ds;
+  std::vector<int32_t> s;
+};
+
+QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, RowBuffers& buf) {
+  const int64_t kb = k / 32;
+  buf.q.resize(static_cast<size_t>(m * k));
+  buf.d.resize(static_cast<size_t>(m * kb));
+  buf.ds.resize(static_cast<size_t>(m * kb));
+  buf.s.resize(static_cast<size_t>(m * kb));
+  for (int64_t i = 0; i < m * kb; ++i) {
+    const float* src = x + i * 32;
+    int8_t* q = buf.q.data() + i * 32;
+    float amax = 0.f;
+    bool nan = false;
+    for (int t = 0; t < 32; ++t) {
+      amax = std::max(amax, std::fabs(src[t]));
+      nan |= std::isnan(src[t]);
+    }
+    if (nan) amax = NAN;   // a NaN input makes its block's outputs NaN
+    const float d = amax / 127.f;
+    const float inv = d != 0.f ? 1.f / d : 0.f;
+    int32_t sum = 0;
+    for (int t = 0; t < 32; ++t) {
+      const float v = std::nearbyint(src[t] * inv);
+      const int32_t iv = std::isnan(v) ? 0 : static_cast<int32_t>(std::min(127.f, std::max(-127.f, v)));
+      q[t] = static_cast<int8_t>(iv);
+      sum += iv;
+    }
+    buf.d[i] = d;
+    buf.s[i] = sum;
+    buf.ds[i] = d * static_cast<float>(sum);
+  }
+  QuantizedRows r;
+  r.q = buf.q.data();
+  r.d = buf.d.data();
+  r.s = buf.s.data();
+  r.ds = buf.ds.data();
+  r.k = k;
+  r.kb = kb;
+  return r;
+}
+
+bool env_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' && std::string(v) != "0";
+}
+
+}  // namespace
+
+void quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
+                       int64_t n_begin, int64_t n_end) {
+  const int64_t bb = quant_block_bytes(f), kb = x.kb, qoff = f == WeightFormat::kQ4_1 ? 64 : 32;
+  const int32_t off = quant_offset(f);
+  for (int64_t j = n_begin; j < n_end; ++j) {
+    const uint8_t* group = w + (j / 16) * kb * bb;
+    const int64_t lane = j % 16;
+    for (int64_t i = 0; i < m; ++i) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < kb; ++b) {
+        const uint8_t* blk = group + b * bb;
+        const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk);
+        const int8_t* xq = x.q + i * x.k + b * 32;
+        int32_t isum = -off * x.s[i * kb + b];
+        if (f == WeightFormat::kQ8_0) {
+          for (int c = 0; c < 8; ++c)
+            for (int t = 0; t < 4; ++t) isum += blk[qoff + 64 * c + 4 * lane + t] * xq[4 * c + t];
+        } else {
+          for (int c = 0; c < 4; ++c)
+            for (int t = 0; t < 4; ++t) {
+              const uint8_t byte = blk[qoff + 64 * c + 4 * lane + t];
+              isum += (byte & 0x0f) * xq[4 * c + t] + (byte >> 4) * xq[16 + 4 * c + t];
+            }
+        }
+        const float scale = half_to_float(scales[lane]) * x.d[i * kb + b];
+        acc = std::fma(static_cast<float>(isum), scale, acc);
+        if (f == WeightFormat::kQ4_1) acc = std::fma(half_to_float(scales[16 + lane]), x.ds[i * kb + b], acc);
+      }
+      y[i * n + j] = acc;
+    }
+  }
+}
+
+int64_t quant_packed_bytes(WeightFormat format, int64_t n, int64_t k) {
+  if (!is_quantized(format)) throw std::invalid_argument("quant_packed_bytes: not a quantized format");
+  return (n + 15) / 16 * (k / 32) * quant_block_bytes(format);
+}
+
+bool vnni_available() {
+#if defined(__x86_64__)
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+                          __builtin_cpu_supports("f16c") && !env_off("SONARSPEC_NO_VNNI");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+void quant_gemm(const float* x, const uint8_t* w, WeightFormat format, const float* bias, float* y, int64_t m,
+                int64_t n, int64_t k, int num_threads) {
+  if (!is_quantized(format)) throw std::invalid_argument("quant_gemm: not a quantized weight format");
+  if (k <= 0 || k % 32 != 0) {
+    throw std::invalid_argument("quant_gemm: in_features must be a positive multiple of 32, got " +
+                                std::to_string(k));
+  }
+  if (m <= 0 || n <= 0) return;
+  thread_local RowBuffers buf;
+  const QuantizedRows rows = quantize_rows(x, m, k, buf);   // the workers read this thread's buffers
+  const bool vnni = vnni_available();
+  split_columns(m, n, k, 1, num_threads, [&](int64_t b, int64_t e) {
+    if (vnni) {
+      quant_cols_vnni(rows, m, w, format, n, y, b, e);
+    } else {
+      quant_cols_scalar(rows, m, w, format, n, y, b, e);
+    }
+    if (bias)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = b; j < e; ++j) y[i * n + j] += bias[j];
+  }, 16);
+}
+
+}  // namespace sonarspec

@@ -1,0 +1,115 @@
+// quant_gemm's column kernel with AVX-512 VNNI: one 64-byte load is 4 columns x 16 weight
+// rows, and VPDPBUSD multiplies it (unsigned weight bytes) by an activation row's 4 int8
+// quants broadcast to every lane, accumulating 16 int32 sums - so each weight byte is
+// loaded once for up to 8 activation rows. Same arithmetic as quant_cols_scalar.
+#include <algorithm>
+
+#include "quant_kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace sonarspec {
+
+#if defined(__x86_64__)
+namespace {
+
+#define QG_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+
+QG_ATTR inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+// Rows [r0, r0 + R) of x against the 16 weight rows of one group; lanes < lanes are stored.
+template <int R, WeightFormat F>
+QG_ATTR void group_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, float* y, int64_t ldy,
+                        int lanes) {
+  constexpr int64_t bb = quant_block_bytes(F), qoff = F == WeightFormat::kQ4_1 ? 64 : 32;
+  constexpr int32_t off = quant_offset(F);
+  const int64_t kb = x.kb;
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < kb; ++b) {
+    const uint8_t* blk = group + b * bb;
+    const uint8_t* qs = blk + qoff;
+    __m512i isum[R];
+    const int8_t* xq[R];
+    for (int r = 0; r < R; ++r) {
+      isum[r] = _mm512_set1_epi32(-off * x.s[(r0 + r) * kb + b]);
+      xq[r] = x.q + (r0 + r) * x.k + b * 32;
+    }
+    if (F == WeightFormat::kQ8_0) {
+      for (int c = 0; c < 8; ++c) {
+        const __m512i wv = _mm512_loadu_si512(qs + 64 * c);
+        for (int r = 0; r < R; ++r) isum[r] = _mm512_dpbusd_epi32(isum[r], wv, bcast4(xq[r] + 4 * c));
+      }
+    } else {
+      for (int c = 0; c < 4; ++c) {
+        const __m512i raw = _mm512_loadu_si512(qs + 64 * c);
+        const __m512i lo = _mm512_and_si512(raw, low4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        for (int r = 0; r < R; ++r) {
+          isum[r] = _mm512_dpbusd_epi32(isum[r], lo, bcast4(xq[r] + 4 * c));
+          isum[r] = _mm512_dpbusd_epi32(isum[r], hi, bcast4(xq[r] + 16 + 4 * c));
+        }
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    for (int r = 0; r < R; ++r) {
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(r0 + r) * kb + b]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), scale, acc[r]);
+    }
+    if (F == WeightFormat::kQ4_1) {
+      const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x.ds[(r0 + r) * kb + b]), acc[r]);
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1u);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy, mask, acc[r]);
+}
+
+template <WeightFormat F>
+QG_ATTR void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n, float* y, int64_t n_begin,
+                  int64_t n_end) {
+  const int64_t group_bytes = x.kb * quant_block_bytes(F);
+  for (int64_t j = n_begin; j < n_end; j += 16) {
+    const uint8_t* group = w + (j / 16) * group_bytes;
+    const int lanes = static_cast<int>(std::min<int64_t>(16, n_end - j));
+    for (int64_t r0 = 0; r0 < m; r0 += 8) {
+      float* out = y + j;
+      switch (std::min<int64_t>(8, m - r0)) {
+        case 1: group_rows<1, F>(x, r0, group, out, n, lanes); break;
+        case 2: group_rows<2, F>(x, r0, group, out, n, lanes); break;
+        case 3: group_rows<3, F>(x, r0, group, out, n, lanes); break;
+        case 4: group_rows<4, F>(x, r0, group, out, n, lanes); break;
+        case 5: group_rows<5, F>(x, r0, group, out, n, lanes); break;
+        case 6: group_rows<6, F>(x, r0, group, out, n, lanes); break;
+        case 7: group_rows<7, F>(x, r0, group, out, n, lanes); break;
+        default: group_rows<8, F>(x, r0, group, out, n, lanes); break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
+                     int64_t n_begin, int64_t n_end) {
+  switch (f) {
+    case WeightFormat::kQ8_0: return cols<WeightFormat::kQ8_0>(x, m, w, n, y, n_begin, n_end);
+    case WeightFormat::kQ4_0: return cols<WeightFormat::kQ4_0>(x, m, w, n, y, n_begin, n_end);
+    default: return cols<WeightFormat::kQ4_1>(x, m, w, n, y, n_begin, n_end);
+  }
+}
+#else
+void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
+                     int64_t n_begin, int64_t n_end) {
+  quant_cols_scalar(x, m, w, f, n, y, n_begin, n_end);
+}
+#endif
+
+}  // namespace sonarspec

@@ -1,0 +1,36 @@
+// The column kernels behind quant_gemm (see sonarspec/quant_gemm.h for the layout and the
+// arithmetic). Internal to quant_gemm*.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "sonarspec/small_gemm.h"   // WeightFormat
+
+namespace sonarspec {
+
+// Rows of activations quantized per block of 32 columns.
+struct QuantizedRows {
+  const int8_t* q = nullptr;    // (m, k) quants
+  const float* d = nullptr;     // (m, kb) scales
+  const int32_t* s = nullptr;   // (m, kb) sums of each block's quants
+  const float* ds = nullptr;    // (m, kb) d * float(s)
+  int64_t k = 0, kb = 0;        // columns, blocks of 32 (k = 32 kb)
+};
+
+// Bytes of one block of 32 columns of one 16-row group.
+constexpr int64_t quant_block_bytes(WeightFormat f) {
+  return f == WeightFormat::kQ8_0 ? 32 + 512 : f == WeightFormat::kQ4_1 ? 64 + 256 : 32 + 256;
+}
+
+// The integer offset folded into Q8_0 (weights stored as q + 128) and Q4_0 (q - 8) sums.
+constexpr int32_t quant_offset(WeightFormat f) {
+  return f == WeightFormat::kQ8_0 ? 128 : f == WeightFormat::kQ4_0 ? 8 : 0;
+}
+
+// y[i, j] for rows i < m and columns j in [n_begin, n_end), n_begin a multiple of 16.
+void quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
+                       int64_t n_begin, int64_t n_end);
+void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
+                     int64_t n_begin, int64_t n_end);
+
+}  // namespace sonarspec

@@ -1,0 +1,160 @@
+"""Block-quantized GEMMs (Q8_0, Q4_0, Q4_1) against gguf's own quantizer and dequantizer:
+the packing is a lossless byte permutation, and each product equals a float64 reference of
+(gguf-dequantized weights) x (the activations rounded per block of 32 to int8 by the stated
+rule) to float32 rounding; rows never depend on the row count, the thread count or the
+CPU path (AVX-512 VNNI vs portable loops, bit for bit)."""
+import json
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from sonarspec_ext import _C
+from sonarspec_ext.ops.elementwise import silu_and_mul
+from sonarspec_ext.ops.linear import padded_linear, padded_mlp
+from sonarspec_ext.ops.quantized import QUANTIZED_FORMATS, QuantizedMatrix
+
+FORMATS = list(QUANTIZED_FORMATS)
+
+
+def int8_rows(x: np.ndarray) -> np.ndarray:
+    """The kernel's activation rounding, written independently: per block of 32, d = amax / 127
+    and q = rint(x * (1 / d)) clamped to +-127, in float32; the rounded values q * d."""
+    m, k = x.shape
+    b = x.astype(np.float32).reshape(m, k // 32, 32)
+    d = (np.abs(b).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.clip(np.rint(b * inv), -127, 127)
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(m, k)
+
+
+def random_blocks(fmt: str, n: int, k: int, rng) -> np.ndarray:
+    """Arbitrary GGUF blocks (every quant value, random finite float16 scales): beyond what
+    the quantizer writes, e.g. Q8_0's -128."""
+    _, _, bpb, hdr = {"q8_0": (0, 0, 34, 2), "q4_0": (0, 0, 18, 2), "q4_1": (0, 0, 20, 4)}[fmt]
+    b = rng.integers(0, 256, size=(n, k // 32, bpb), dtype=np.uint8)
+    scales = rng.normal(0, 0.05, size=(n, k // 32, hdr // 2)).astype(np.float16)
+    b[..., :hdr] = scales.view(np.uint8).reshape(n, k // 32, hdr)
+    return b.reshape(n, -1)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n,k", [(1, 32), (17, 64), (50, 96), (33, 576), (130, 160)])
+def test_packing_round_trips_and_dequantizes_as_gguf(fmt, n, k):
+    rng = np.random.default_rng([n, k])
+    blocks = random_blocks(fmt, n, k, rng)
+    qm = QuantizedMatrix.from_blocks(blocks, fmt, k)
+    assert np.array_equal(qm.to_blocks(), blocks)
+    assert qm.nbytes == _C.quant_packed_bytes(qm.code, n, k)
+    ref = gguf.dequantize(blocks, gguf.GGMLQuantizationType[fmt.upper()]).reshape(n, k)
+    assert np.array_equal(qm.dequantize().numpy(), ref.astype(np.float32))
+    rows = torch.tensor([n - 1, 0, n // 2])
+    assert np.array_equal(qm.select_rows(rows).to_blocks(), blocks[rows.numpy()])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m,n,k", [(1, 17, 64), (3, 50, 96), (8, 33, 576), (9, 40, 128), (70, 24, 32)])
+def test_gemm_matches_float64_reference(fmt, m, n, k):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    rng = np.random.default_rng([m, n, k])
+    for qm in (QuantizedMatrix.quantize(torch.randn(n, k, generator=g), fmt),
+               QuantizedMatrix.from_blocks(random_blocks(fmt, n, k, rng), fmt, k)):
+        x = torch.randn(m, k, generator=g) * 2
+        bias = torch.randn(n, generator=g)
+        y = padded_linear(x, qm, bias)
+        w = qm.dequantize().double().numpy()
+        xr = int8_rows(x.numpy())
+        ref = xr @ w.T + bias.double().numpy()
+        # float32 accumulation over k / 32 block terms, each exact up to one rounding of its scale
+        scale = np.abs(xr) @ np.abs(w).T + np.abs(bias.double().numpy())
+        err = np.abs(y.double().numpy() - ref)
+        assert (err <= 2e-6 * (k // 32 + 2) * scale + 1e-30).all(), err.max()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_rows_do_not_depend_on_row_or_thread_count(fmt):
+    g = torch.Generator().manual_seed(7)
+    qm = QuantizedMatrix.quantize(torch.randn(200, 256, generator=g), fmt)
+    x = torch.randn(70, 256, generator=g)
+    alone = torch.cat([padded_linear(x[i:i + 1], qm) for i in range(70)])
+    prev = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for m in (2, 5, 8, 13, 70):
+                assert torch.equal(padded_linear(x[:m], qm), alone[:m]), (threads, m)
+    finally:
+        torch.set_num_threads(prev)
+
+
+def test_mlp_equals_its_gemms():
+    g = torch.Generator().manual_seed(3)
+    for fmt in FORMATS:
+        gu = QuantizedMatrix.quantize(torch.randn(2 * 96, 64, generator=g), fmt)
+        down = QuantizedMatrix.quantize(torch.randn(64, 96, generator=g), fmt)
+        x = torch.randn(5, 64, generator=g)
+        ref = padded_linear(silu_and_mul(padded_linear(x, gu)), down)
+        assert torch.equal(padded_mlp(x, gu, down), ref)
+
+
+def test_non_finite_rows_stay_in_their_row():
+    qm = QuantizedMatrix.quantize(torch.randn(32, 64), "q8_0")
+    x = torch.randn(3, 64)
+    clean = padded_linear(x, qm)
+    x[1, 5] = float("nan")
+    x[2, 40] = float("inf")
+    y = padded_linear(x, qm)
+    assert torch.equal(y[0], clean[0])
+    assert not torch.isfinite(y[1]).any() and not torch.isfinite(y[2]).any()
+
+
+_SCRIPT = """
+import json, sys, torch
+from sonarspec_ext import _C
+from sonarspec_ext.ops.linear import padded_linear
+from sonarspec_ext.ops.quantized import QuantizedMatrix
+g = torch.Generator().manual_seed(11)
+out = {"vnni": _C.vnni_available()}
+for fmt in ("q8_0", "q4_0", "q4_1"):
+    qm = QuantizedMatrix.quantize(torch.randn(40, 96, generator=g), fmt)
+    out[fmt] = padded_linear(torch.randn(9, 96, generator=g), qm).view(torch.int32).flatten().tolist()
+print(json.dumps(out))
+"""
+
+
+def _run(env_extra):
+    env = dict(os.environ, **env_extra)
+    res = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_portable_path_equals_vnni_bit_for_bit():
+    fast, portable = _run({}), _run({"SONARSPEC_NO_VNNI": "1"})
+    assert portable["vnni"] is False
+    if not fast["vnni"]:
+        pytest.skip("this CPU has no AVX-512 VNNI: both runs took the portable path")
+    for fmt in FORMATS:
+        assert fast[fmt] == portable[fmt], fmt
+
+
+def test_bad_shapes_and_formats_raise():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        QuantizedMatrix.quantize(torch.randn(4, 48), "q8_0")
+    with pytest.raises(ValueError, match="unknown quantized format"):
+        QuantizedMatrix.quantize(torch.randn(4, 64), "q3_k")
+    with pytest.raises(ValueError, match="uint8 bytes"):
+        QuantizedMatrix(torch.zeros(10, dtype=torch.uint8), "q4_0", (16, 64))
+    with pytest.raises(ValueError, match="blocks of a matrix"):
+        QuantizedMatrix.from_blocks(np.zeros((4, 30), dtype=np.uint8), "q4_1", 64)
+    qm = QuantizedMatrix.quantize(torch.randn(16, 64), "q4_1")
+    with pytest.raises(ValueError, match="features"):
+        padded_linear(torch.randn(2, 32), qm)
+    with pytest.raises(ValueError, match="row indices"):
+        qm.select_rows(torch.tensor([16]))
+    with pytest.raises(ValueError, match="invalid weight format"):
+        _C.small_gemm(0, 0, 0, 0, 1, 1, 32, 1, 9)
