@@ -19,14 +19,15 @@ import torch
 
 from sonarspec_ext import LLM
 from sonarspec_ext.bench import SYNTHETIC_200M, make_synthetic_model, median_us
+from sonarspec_ext.models.loader import QUANTIZATION_CHOICES
 
 SIZES = (1, 2, 3, 4, 5, 8, 17)
 
 
-def forward_calls(model_dir: str, context: int, device: str, dtype: str):
+def forward_calls(model_dir: str, context: int, device: str, dtype: str, quantization: str = "none"):
     """One target forward over T tokens at positions context.. of one sequence, per T (on
     a GPU each call waits for the device)."""
-    runner = LLM(model_dir, device=device, dtype=dtype).engine.runner
+    runner = LLM(model_dir, device=device, dtype=dtype, quantization=quantization).engine.runner
     table = list(range(context // 16 + 4))
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     calls = {}
@@ -51,8 +52,10 @@ def main() -> None:
     ap.add_argument("--synthetic-200m", action="store_true", help="also a random 200M-parameter Llama")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--quantization", default="none", choices=QUANTIZATION_CHOICES,
+                    help="weights of --model (default none: float weights; auto: a GGUF file's own blocks)")
     args = ap.parse_args()
-    models = {args.model: forward_calls(args.model, args.context, args.device, args.dtype)}
+    models = {args.model: forward_calls(args.model, args.context, args.device, args.dtype, args.quantization)}
     tmp = None
     if args.synthetic_200m:
         tmp = tempfile.TemporaryDirectory()
@@ -77,7 +80,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"context": args.context, "threads": torch.get_num_threads(), "device": args.device,
-                       "dtype": args.dtype, "results": results}, fh, indent=1)
+                       "dtype": args.dtype, "quantization": args.quantization, "results": results}, fh, indent=1)
     if tmp is not None:
         tmp.cleanup()
 

@@ -126,6 +126,19 @@ def _packaged(name: str) -> bool:
 
 def _bench(args) -> int:
     from .bench import bench_decode, print_table, write_json
+    if args.spec == "quantized":
+        from .bench.quantized import bench_quantized, print_quantized_table
+        mtp = None if args.mtp == "none" else args.mtp
+        if mtp == "default":
+            from .assets import resolve
+            from .spec.factory import find_mtp_head
+            mtp = find_mtp_head(resolve(args.model, "target"))
+        info = bench_quantized(args.model, mtp, args.max_tokens, args.repeats, args.threads,
+                               with_llama_cpp=not args.no_llama_cpp, mtp_k=args.mtp_ks[0])
+        print_quantized_table(info)
+        if args.json:
+            write_json(info, args.json)
+        return 0
     if args.spec in ("all", "mtp", "eagle_tree"):
         from .bench.spec import bench_spec, plot_spec, print_spec_table
         target = "default" if args.model == "synthetic-30m" else args.model
@@ -161,7 +174,7 @@ def _bench(args) -> int:
                          "all/mtp/eagle_tree; --spec none runs greedy float32 on the CPU")
     info = bench_decode(None if args.model == "synthetic-30m" else args.model, args.batch_sizes,
                         args.prompt_len, args.max_tokens, args.repeats, args.threads,
-                        with_transformers=not args.no_transformers)
+                        with_transformers=not args.no_transformers, quantization=args.quantization)
     print_table(info)
     if args.json:
         write_json(info, args.json)
@@ -241,6 +254,7 @@ def _add_serve(sub) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="sonarspec", description="LLM inference built for speculative decoding")
     sub = ap.add_subparsers(dest="command", required=True)
+    from .models.loader import QUANTIZATION_CHOICES
     g = sub.add_parser("generate", help="generate a continuation of PROMPT (or, with --chat, a reply to it)")
     g.add_argument("prompt")
     g.add_argument("--chat", action="store_true", help="PROMPT is a user message: reply through the chat template")
@@ -251,8 +265,10 @@ def main(argv=None) -> int:
     c.add_argument("--system", default=None, help="system message (default: the template's own)")
     c.set_defaults(func=_chat)
     b = sub.add_parser("bench", help="decode speed vs transformers on the same weights")
-    b.add_argument("--spec", default="none", choices=["none", "all", "mtp", "eagle_tree"],
-                   help="none: plain decoding vs transformers; all: every speculation scheme on the target; "
+    b.add_argument("--spec", default="none", choices=["none", "all", "mtp", "eagle_tree", "quantized"],
+                   help="none: plain decoding vs transformers; quantized: a GGUF file's blocks, plain and "
+                        "speculative (MTP K=--mtp-ks[0], ngram), beside llama.cpp on the same files (with "
+                        "llama-cpp-python) and the bandwidth floor; all: every speculation scheme on the target; "
                         "mtp: plain, draft_target and MTP heads; eagle_tree: MTP chains and trees of the same "
                         "depths (--mtp-ks) plus tree-vs-chain verification attention")
     b.add_argument("--model", default="synthetic-30m",
@@ -274,6 +290,9 @@ def main(argv=None) -> int:
     b.add_argument("--repeats", type=positive_int, default=5, help="timed rounds (medians are reported)")
     b.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
+    b.add_argument("--no-llama-cpp", action="store_true", help="--spec quantized: skip llama.cpp")
+    b.add_argument("--quantization", default="none", choices=QUANTIZATION_CHOICES,
+                   help="--spec none: the weights sonarspec times (none: float; auto: a GGUF file's own blocks)")
     b.add_argument("--device", default="cpu", help="--spec all/mtp/eagle_tree: cpu or cuda")
     b.add_argument("--cuda-graphs", action="store_true", help="with --device cuda: small steps as CUDA graphs")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],

@@ -83,12 +83,25 @@ def read_bandwidth_gbs(mib: int = 1024, repeats: int = 5) -> float:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's weight storages, each counted once (fused and tied weights
-    share storage): what one decode step streams from memory."""
+    """Bytes one decode step streams from memory: every weight storage once (fused and tied
+    weights share storage), block-quantized matrices at their packed size - except an
+    embedding table the lm_head does not share (a lookup reads one row of it)."""
+    from ..ops.quantized import QuantizedMatrix
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    lm_head = getattr(getattr(model, "lm_head", None), "weight", None)
+    skip = set()
+    if embed is not None and embed.weight is not lm_head:
+        skip.add(embed.weight.untyped_storage().data_ptr())
     storages = {}
     for p in model.parameters():
         s = p.untyped_storage()
-        storages[s.data_ptr()] = s.nbytes()
+        if s.data_ptr() not in skip:
+            storages[s.data_ptr()] = s.nbytes()
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if isinstance(w, QuantizedMatrix):
+            s = w.data.untyped_storage()
+            storages[s.data_ptr()] = s.nbytes()
     return sum(storages.values())
 
 
@@ -105,7 +118,7 @@ def load_transformers(path: str):
 
 def bench_decode(model_dir: Optional[str] = None, batch_sizes: List[int] = (1, 8), prompt_len: int = 32,
                  max_tokens: int = 128, repeats: int = 5, threads: Optional[int] = None,
-                 with_transformers: bool = True) -> dict:
+                 with_transformers: bool = True, quantization: str = "none") -> dict:
     if threads:
         torch.set_num_threads(threads)
     tmp = None
@@ -113,9 +126,9 @@ def bench_decode(model_dir: Optional[str] = None, batch_sizes: List[int] = (1, 8
         tmp = tempfile.TemporaryDirectory()
         model_dir = make_synthetic_model(tmp.name)
     model_dir = resolve(model_dir, "target")
-    llm = LLM(model_dir)
+    llm = LLM(model_dir, quantization=quantization)
     # greedy agreement is checked with float32 weights, as transformers holds them
-    exact = LLM(model_dir, compact_weights=False) if with_transformers else None
+    exact = LLM(model_dir, compact_weights=False, quantization="none") if with_transformers else None
     hf = load_transformers(model_dir) if with_transformers else None
     gbs = read_bandwidth_gbs()
     wbytes = weight_bytes(llm.engine.model)
@@ -150,12 +163,20 @@ def bench_decode(model_dir: Optional[str] = None, batch_sizes: List[int] = (1, 8
         row["floor_fraction"] = round(row["sonarspec_tok_s"] / row["batch_size"] / floor, 3)
     info = {"model": "synthetic-30m" if tmp else model_dir, "num_params": llm.engine.model_config.num_params,
             "dtype": "float32", "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "weight_dtype": str(llm.engine.model.lm_head.weight.dtype).replace("torch.", ""),
+            "weight_dtype": _weight_kind(llm.engine.model),
             "weight_bytes": wbytes, "read_bandwidth_gbs": round(gbs, 2), "floor_tok_s": round(floor, 1),
             "repeats": repeats, "results": rows}
     if tmp:
         tmp.cleanup()
     return info
+
+
+def _weight_kind(model) -> str:
+    from ..models.loader import quantized_formats
+    formats = quantized_formats(model)
+    if formats:
+        return "+".join(sorted(formats))
+    return str(model.model.layers[0].self_attn.qkv[0].dtype).replace("torch.", "")
 
 
 def print_table(info: dict) -> None:
