@@ -34,29 +34,8 @@ QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, RowBuffers& bu
   buf.d.resize(static_cast<size_t>(m * kb));
   buf.ds.resize(static_cast<size_t>(m * kb));
   buf.s.resize(static_cast<size_t>(m * kb));
-  for (int64_t i = 0; i < m * kb; ++i) {
-    const float* src = x + i * 32;
-    int8_t* q = buf.q.data() + i * 32;
-    float amax = 0.f;
-    bool nan = false;
-    for (int t = 0; t < 32; ++t) {
-      amax = std::max(amax, std::fabs(src[t]));
-      nan |= std::isnan(src[t]);
-    }
-    if (nan) amax = NAN;   // a NaN input makes its block's outputs NaN
-    const float d = amax / 127.f;
-    const float inv = d != 0.f ? 1.f / d : 0.f;
-    int32_t sum = 0;
-    for (int t = 0; t < 32; ++t) {
-      const float v = std::nearbyint(src[t] * inv);
-      const int32_t iv = std::isnan(v) ? 0 : static_cast<int32_t>(std::min(127.f, std::max(-127.f, v)));
-      q[t] = static_cast<int8_t>(iv);
-      sum += iv;
-    }
-    buf.d[i] = d;
-    buf.s[i] = sum;
-    buf.ds[i] = d * static_cast<float>(sum);
-  }
+  (vnni_available() ? quantize_blocks_vnni : quantize_blocks_scalar)(x, m * kb, buf.q.data(), buf.d.data(),
+                                                                     buf.s.data(), buf.ds.data());
   QuantizedRows r;
   r.q = buf.q.data();
   r.d = buf.d.data();
@@ -73,6 +52,31 @@ bool env_off(const char* name) {
 }
 
 }  // namespace
+
+void quantize_blocks_scalar(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, float* ds) {
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    const float* src = x + i * 32;
+    float amax = 0.f;
+    bool nan = false;
+    for (int t = 0; t < 32; ++t) {
+      amax = std::max(amax, std::fabs(src[t]));
+      nan |= std::isnan(src[t]);
+    }
+    if (nan) amax = NAN;   // a NaN input makes its block's outputs NaN
+    const float di = amax / 127.f;
+    const float inv = di != 0.f ? 1.f / di : 0.f;
+    int32_t sum = 0;
+    for (int t = 0; t < 32; ++t) {
+      const float v = std::nearbyint(src[t] * inv);
+      const int32_t iv = std::isnan(v) ? 0 : static_cast<int32_t>(std::min(127.f, std::max(-127.f, v)));
+      q[i * 32 + t] = static_cast<int8_t>(iv);
+      sum += iv;
+    }
+    d[i] = di;
+    s[i] = sum;
+    ds[i] = di * static_cast<float>(sum);
+  }
+}
 
 void quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                        int64_t n_begin, int64_t n_end) {

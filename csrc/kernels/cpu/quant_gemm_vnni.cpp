@@ -3,6 +3,7 @@
 // quants broadcast to every lane, accumulating 16 int32 sums - so each weight byte is
 // loaded once for up to 8 activation rows. Same arithmetic as quant_cols_scalar.
 #include <algorithm>
+#include <cmath>
 
 #include "quant_kernels.h"
 
@@ -72,6 +73,13 @@ QG_ATTR void group_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy, mask, acc[r]);
 }
 
+// The quants of 16 floats: x * inv rounded to nearest even, NaN -> 0, clamped to +-127.
+QG_ATTR inline __m512i quants16(const float* x, __m512 inv) {
+  const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x), inv);
+  const __m512i q = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
+  return _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+}
+
 template <WeightFormat F>
 QG_ATTR void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n, float* y, int64_t n_begin,
                   int64_t n_end) {
@@ -97,6 +105,24 @@ QG_ATTR void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n
 
 }  // namespace
 
+QG_ATTR void quantize_blocks_vnni(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, float* ds) {
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    const float* src = x + i * 32;
+    const __m512 a = _mm512_loadu_ps(src), b = _mm512_loadu_ps(src + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    if (_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q)) amax = NAN;
+    const float di = amax / 127.f;
+    const __m512 inv = _mm512_set1_ps(di != 0.f ? 1.f / di : 0.f);
+    const __m512i qa = quants16(src, inv), qb = quants16(src + 16, inv);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i * 32), _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i * 32 + 16), _mm512_cvtepi32_epi8(qb));
+    const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+    d[i] = di;
+    s[i] = sum;
+    ds[i] = di * static_cast<float>(sum);
+  }
+}
+
 void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                      int64_t n_begin, int64_t n_end) {
   switch (f) {
@@ -106,6 +132,10 @@ void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, Weight
   }
 }
 #else
+void quantize_blocks_vnni(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, float* ds) {
+  quantize_blocks_scalar(x, num_blocks, q, d, s, ds);
+}
+
 void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                      int64_t n_begin, int64_t n_end) {
   quant_cols_scalar(x, m, w, f, n, y, n_begin, n_end);

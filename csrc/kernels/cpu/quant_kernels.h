@@ -27,6 +27,11 @@ constexpr int32_t quant_offset(WeightFormat f) {
   return f == WeightFormat::kQ8_0 ? 128 : f == WeightFormat::kQ4_0 ? 8 : 0;
 }
 
+// Quantizes blocks of 32 floats: q[32 b + t], d[b], s[b] (sum of the block's quants) and
+// ds[b] = d[b] * s[b], by quant_gemm.h's rule. Both versions give identical results.
+void quantize_blocks_scalar(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, float* ds);
+void quantize_blocks_vnni(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, float* ds);
+
 // y[i, j] for rows i < m and columns j in [n_begin, n_end), n_begin a multiple of 16.
 void quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                        int64_t n_begin, int64_t n_end);
