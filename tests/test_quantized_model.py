@@ -46,16 +46,20 @@ def test_gguf_blocks_are_kept_and_close_to_their_float_model(tiny_dir, tmp_path,
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
 def test_every_scheme_is_lossless_on_quantized_weights(fmt):
-    """The packaged tiny target quantized at load: draft_target, MTP chains, EAGLE trees and
-    n-gram give its plain greedy tokens (verification rows equal decoding rows bit for bit)."""
+    """The packaged tiny target quantized at load: draft_target (float and quantized drafts),
+    MTP chains, EAGLE trees and n-gram give its plain greedy tokens (verification rows equal decoding rows bit for bit)."""
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     prompts = ["def add(a, b):\n    return", "The quick brown fox", "import os\nimport sys\n"]
     plain = LLM("default", quantization=fmt)
     assert quantized_formats(plain.engine.model) == {fmt}
     ref = [o.token_ids for o in plain.generate(prompts, params)]
-    for spec in (SpecConfig(method="draft_target", num_draft_tokens=3), SpecConfig(method="mtp", num_draft_tokens=3),
+    for spec in (SpecConfig(method="draft_target", num_draft_tokens=3),
+                 SpecConfig(method="draft_target", num_draft_tokens=3, quantization=fmt),
+                 SpecConfig(method="mtp", num_draft_tokens=3),
                  SpecConfig(method="eagle_tree", num_draft_tokens=3), SpecConfig(method="ngram", num_draft_tokens=3)):
         llm = LLM("default", spec=spec, quantization=fmt)
+        if spec.method == "draft_target":
+            assert quantized_formats(llm.engine.proposer.model) == ({fmt} if spec.quantization == fmt else set())
         assert [o.token_ids for o in llm.generate(prompts, params)] == ref, spec.method
         assert llm.stats()["num_draft_tokens"] > 0
 
@@ -69,6 +73,11 @@ def test_batch_rows_equal_single_rows_on_quantized_weights():
 
 
 def test_quantization_option_errors(tiny_dir, tmp_path):
+    from sonarspec_ext.ops.quantized import QUANTIZED_FORMATS
+    from sonarspec_ext.params import QUANTIZATION_CHOICES
+    assert QUANTIZATION_CHOICES == ("auto", "none") + QUANTIZED_FORMATS
+    with pytest.raises(ValueError, match="SpecConfig.quantization must be one of"):
+        SpecConfig(method="draft_target", quantization="int4")
     with pytest.raises(ValueError, match="must be one of auto, none, q8_0, q4_0, q4_1"):
         LLM("default", quantization="q5_k")
     with pytest.raises(ValueError, match="runs on the CPU with float32 activations"):

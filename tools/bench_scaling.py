@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from sonarspec_ext.params import QUANTIZATION_CHOICES
 from sonarspec_ext import LLM, SamplingParams
 from sonarspec_ext.bench import median_us
 
@@ -62,6 +63,8 @@ def decode_step_us(llm: LLM, context: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--quantization", default="none", choices=QUANTIZATION_CHOICES,
+                      help="the model's weights (none: float; auto: a GGUF file's own blocks)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 1024, 2048, 3072])
     ap.add_argument("--prefill", type=int, nargs="+", default=[64, 256, 1024], help="prompt lengths")
@@ -70,7 +73,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     args = ap.parse_args()
-    llm = LLM(args.model, kv_cache_memory=1 << 30, max_num_seqs=max(args.batch_sizes))
+    llm = LLM(args.model, kv_cache_memory=1 << 30, max_num_seqs=max(args.batch_sizes), quantization=args.quantization)
     batch = [{"batch_size": b, "tok_s": round(throughput(llm, b, args.max_tokens, args.repeats), 1)}
              for b in args.batch_sizes]
     for r in batch:

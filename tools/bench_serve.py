@@ -19,6 +19,7 @@ import time
 
 import httpx
 
+from sonarspec_ext.params import QUANTIZATION_CHOICES
 from sonarspec_ext import LLM, SpecConfig
 from sonarspec_ext.bench.spec import CHAT_QUESTIONS
 from sonarspec_ext.server.app import create_app
@@ -80,6 +81,8 @@ async def load(url, concurrency, requests, max_tokens):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--quantization", default="none", choices=QUANTIZATION_CHOICES,
+                      help="the model's weights (none: float; auto: a GGUF file's own blocks)")
     ap.add_argument("--specs", nargs="+", default=["none", "mtp"])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--requests", type=int, default=16)
@@ -91,7 +94,7 @@ def main() -> None:
     for spec in args.specs:
         t0 = time.perf_counter()
         control = {} if args.spec_max_batch is None else {"spec_max_batch": args.spec_max_batch}
-        llm = LLM(args.model, spec=SpecConfig(method=spec), **control)
+        llm = LLM(args.model, spec=SpecConfig(method=spec), quantization=args.quantization, **control)
         srv, url = start_server(llm, args.model)
         startup = time.perf_counter() - t0
         asyncio.run(load(url, 1, 2, 8))   # warm-up

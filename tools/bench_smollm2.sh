@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The SmolLM2-135M-Instruct CPU benchmarks of docs/benchmarks.md, in one run (about 15
-# minutes on 2 cores): plain decoding vs transformers and the bandwidth floor, the cost of
-# verification (with and without AMX tiles), throughput vs batch and context, every
-# speculation scheme on held-out chat prompts, and the server under load.
+# The SmolLM2-135M-Instruct CPU benchmarks of docs/benchmarks.md and docs/quantization.md,
+# in one run (about 30 minutes on 2 cores): plain decoding vs transformers and the
+# bandwidth floor, the cost of verification (with and without AMX tiles), throughput vs
+# batch and context, every speculation scheme on held-out chat prompts (bfloat16 weights,
+# and the file's own Q4_1 blocks), the quantized files beside llama.cpp (with
+# llama-cpp-python), and the server under load.
 #   bash tools/bench_smollm2.sh [OUT_DIR (docs/bench)]
 set -euo pipefail
 OUT="${1:-docs/bench}"
@@ -17,6 +19,12 @@ sonarspec bench --spec all --model smollm2 --draft none --mtp "$HEAD" --mtp-ks 1
   --repeats 3 --max-tokens 96 --no-transformers --json "$OUT/smollm2_spec.json" --plot "$OUT/smollm2_spec.png"
 sonarspec bench --spec all --model smollm2 --draft none --mtp "$HEAD" --mtp-ks 2 --batch-sizes 8 --spec-max-batch 4 \
   --repeats 3 --max-tokens 96 --no-transformers --json "$OUT/smollm2_spec_load_control.json"
+sonarspec bench --spec quantized --model smollm2 --mtp-ks 2 --max-tokens 128 --repeats 3 \
+  --json "$OUT/smollm2_quantized.json"
+sonarspec bench --spec all --model smollm2 --quantization auto --draft none --mtp "$HEAD" --mtp-ks 1 2 3 \
+  --batch-sizes 1 --repeats 3 --max-tokens 128 --no-transformers --json "$OUT/smollm2_spec_q4_1.json"
+python tools/bench_verify_cost.py --model smollm2 --quantization auto --rounds 3 \
+  --json "$OUT/smollm2_verify_cost_q4_1.json"
 python tools/bench_serve.py --model smollm2 --specs none mtp --concurrency 1 4 16 --requests 16 --max-tokens 96 \
   --json "$OUT/smollm2_serve.json"
 python tools/bench_serve.py --model smollm2 --specs mtp --concurrency 1 4 16 --requests 16 --max-tokens 96 \

@@ -49,6 +49,7 @@ def _make_llm(args):
     spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=k,
                       tree_top_k=args.tree_top_k, tree_num_nodes=args.tree_nodes)
     load = {} if getattr(args, "spec_max_batch", None) is None else {"spec_max_batch": args.spec_max_batch}
+    load["adaptive_speculation"] = args.spec_control == "adaptive"
     llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
               quantization=args.quantization, **load)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -105,6 +106,9 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="activation dtype")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="KV cache dtype (auto: bfloat16 on the CPU for bfloat16 weights, else the activation dtype)")
+    p.add_argument("--spec-control", default="adaptive", choices=["adaptive", "always"],
+                   help="adaptive: speculate only while it measures faster than plain decoding (probing both); "
+                        "always: speculate every step")
     add_quantization_arg(p)
 
 
@@ -155,7 +159,8 @@ def _bench(args) -> int:
                           args.repeats, full and not args.no_transformers, args.threads, mtp, args.mtp_ks,
                           with_ngram=full, spec_max_batch=args.spec_max_batch, trees=trees if mtp else (),
                           device=args.device, dtype=args.dtype, temperature=args.temperature, top_p=args.top_p,
-                          draft_sampling=args.draft_sampling, cuda_graphs=args.cuda_graphs)
+                          draft_sampling=args.draft_sampling, cuda_graphs=args.cuda_graphs,
+                          quantization=args.quantization)
         if tree:
             from .bench.attention import bench_tree_attention, print_attention_table
             from .models.loader import load_config
@@ -292,7 +297,8 @@ def main(argv=None) -> int:
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
     b.add_argument("--no-llama-cpp", action="store_true", help="--spec quantized: skip llama.cpp")
     b.add_argument("--quantization", default="none", choices=QUANTIZATION_CHOICES,
-                   help="--spec none: the weights sonarspec times (none: float; auto: a GGUF file's own blocks)")
+                   help="the target's weights (none: float; auto: a GGUF file's own blocks; --spec quantized "
+                        "always uses each file's own)")
     b.add_argument("--device", default="cpu", help="--spec all/mtp/eagle_tree: cpu or cuda")
     b.add_argument("--cuda-graphs", action="store_true", help="with --device cuda: small steps as CUDA graphs")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],

@@ -4,6 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
+# How weight matrices load (models.loader.resolve_quantization): "auto", "none", or one of
+# the block formats the native GEMM runs (ops.quantized.QUANTIZED_FORMATS).
+QUANTIZATION_CHOICES = ("auto", "none", "q8_0", "q4_0", "q4_1")
+
 SPEC_METHODS = ("none", "draft_target", "mtp", "eagle_tree", "ngram")
 
 
@@ -76,10 +80,15 @@ class SpecConfig:
     tree_top_k: Optional[int] = None
     tree_num_nodes: Optional[int] = None
     tree_paths: Optional[List[List[int]]] = None
+    # draft_target: the draft model's weight matrices, as EngineConfig.quantization ("auto"
+    # keeps a GGUF draft's Q8_0 / Q4_0 / Q4_1 blocks; "q8_0" ... quantize a float draft at load)
+    quantization: str = "auto"
 
     def __post_init__(self):
         _check(self.method in SPEC_METHODS,
                f"SpecConfig.method must be one of {SPEC_METHODS}, got {self.method!r}")
+        _check(self.quantization in QUANTIZATION_CHOICES,
+               f"SpecConfig.quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, got {self.quantization!r}")
         _check(isinstance(self.num_draft_tokens, int) and self.num_draft_tokens >= 1,
                f"num_draft_tokens must be an integer >= 1, got {self.num_draft_tokens!r}")
         for name in ("tree_top_k", "tree_num_nodes"):

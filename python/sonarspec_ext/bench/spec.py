@@ -88,7 +88,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                threads: Optional[int] = None, mtp: Optional[str] = None, mtp_ks=(1, 2, 3, 4),
                with_ngram: bool = True, spec_max_batch: Optional[int] = None, trees=(), device: str = "cpu",
                dtype: str = "float32", temperature: float = 0.0, top_p: float = 1.0,
-               draft_sampling: bool = False, cuda_graphs: bool = False) -> dict:
+               draft_sampling: bool = False, cuda_graphs: bool = False, quantization: str = "auto") -> dict:
     """Every scheme on the same prompts in one process. Each scheme's greedy output is
     first checked equal to plain decoding (on the CPU a difference is an error; on CUDA,
     where torch's GEMMs and SDPA may round a verification pass differently from a decoding
@@ -106,7 +106,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     sampled = temperature > 0
     schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram, trees)
     llms = {name: LLM(target_dir, spec=spec, spec_max_batch=spec_max_batch, device=device, dtype=dtype,
-                      draft_sampling=draft_sampling, cuda_graphs=cuda_graphs) for name, spec in schemes}
+                      draft_sampling=draft_sampling, cuda_graphs=cuda_graphs, quantization=quantization)
+            for name, spec in schemes}
     prompts = bench_prompts(llms["plain"])
     params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=i, ignore_eos=True)
               for i in range(len(prompts))]
@@ -146,7 +147,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
             rows += _bench_transformers(target_dir, draft_dir, ref, max_tokens, repeats, base, device, dtype)
     return {"target": target_dir, "draft": draft_dir, "mtp": mtp_dir, "spec_max_batch": spec_max_batch,
             "max_tokens": max_tokens, "device": str(device), "dtype": dtype, "temperature": temperature, "top_p": top_p,
-            "draft_sampling": draft_sampling, "cuda_graphs": cuda_graphs,
+            "draft_sampling": draft_sampling, "cuda_graphs": cuda_graphs, "quantization": quantization,
             "num_prompts": len(prompts), "chat": prompts is not PROMPTS, "repeats": repeats,
             "threads": torch.get_num_threads(),
             "torch": torch.__version__, "results": rows}

@@ -24,6 +24,7 @@ from ..ops.linear import native_gemm_threads
 from ..params import SamplingParams, SpecConfig
 from ..runtime.kv_cache import KVCache, num_pages_for_budget
 from .detokenize import stop_prefix_len
+from .spec_control import SpeculationControl
 from .request_stats import RequestTotals
 from ..runtime.runner import ModelRunner
 from .sequence import Sequence
@@ -52,6 +53,8 @@ class EngineConfig:
     max_model_len: Optional[int] = None  # default: the model's max_position_embeddings
     draft_sampling: bool = False         # draft_target: sample drafts from q instead of its top token
     spec_max_batch: Optional[int] = None  # speculate only while at most this many sequences decode
+    # speculate only while it measures faster than plain decoding (engine/spec_control.py)
+    adaptive_speculation: bool = False
     # plan step t + 1 on the planner's thread once step t is done; None: where the models run on a
     # GPU (the host plans while the device computes), not on the CPU (the planner's thread would
     # compete with the kernels' threads for the cores)
@@ -145,6 +148,8 @@ class Engine:
         self.timing = dict.fromkeys(TIMING_KEYS, 0.0)
         self._next_plan = None   # PlanHandle of the step planned ahead (async_planning)
         self.step_context = StepContext()   # the running step's, handed to the proposer after it
+        speculating = self.spec.method != "none"
+        self.spec_control = SpeculationControl() if c.adaptive_speculation and speculating else None
         self.num_steps = 0
         self.finished = RequestTotals()   # statistics of finished requests, as running totals
         # wraps the region of the single-token MTP schedule that must not wait for the host
@@ -267,8 +272,10 @@ class Engine:
         decoding = [seq for seq, start, n in batch if n == 1 and start == seq.num_tokens - 1]
         # Under load (more decoding sequences than spec_max_batch) the step decodes plainly
         # and drafters defer their refills, catching up once speculation resumes.
-        limit = self.config.spec_max_batch
-        self.step_context = StepContext(paused=limit is not None and len(decoding) > limit)
+        limit, control = self.config.spec_max_batch, self.spec_control
+        self.step_context = StepContext(paused=(limit is not None and len(decoding) > limit)
+                                        or (control is not None and not control.speculate))
+        before = sum(seq.num_tokens for seq in decoding)
         decode = [] if self.step_context.paused else [seq for seq in decoding if self.proposer.ready(seq)]
         ks = [self._num_drafts(seq) for seq in decode]
         t1 = time.perf_counter()
@@ -282,6 +289,9 @@ class Engine:
         self.timing["plan"] += t1 - t0
         self.timing["draft"] += t2 - t1
         self.num_steps += 1
+        if control is not None and decoding:
+            control.record(time.perf_counter() - t0, sum(seq.num_tokens for seq in decoding) - before,
+                           measured=len(decoding) == len(batch))
         if self._plan_ahead_possible():
             self._next_plan = self.planner.schedule_async(self.proposer.lookahead)
         return got_tokens

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from ..layers.rotary import RotaryEmbedding
 from .config import CheckpointError, ModelConfig
 from ..ops.quantized import QUANTIZED_FORMATS, QuantizedMatrix
+from ..params import QUANTIZATION_CHOICES
 from .gguf import gguf_file, open_gguf
 from .llama import LlamaForCausalLM
 from .tokenizer import Tokenizer
@@ -122,7 +123,6 @@ def quantized_formats(model: torch.nn.Module) -> set:
     return {m.weight.format for m in model.modules() if isinstance(getattr(m, "weight", None), QuantizedMatrix)}
 
 
-QUANTIZATION_CHOICES = ("auto", "none") + QUANTIZED_FORMATS
 
 
 def resolve_quantization(quantization: str, path: str, device="cpu", dtype=torch.float32) -> str:

@@ -22,8 +22,8 @@ from .proposer import Draft, Proposer, StepRecord, flush_waiting, propose_chains
 
 class DraftModelProposer(Proposer):
     def __init__(self, draft_dir: str, num_draft_tokens: int, planner, num_pages: int, page_size: int,
-                 target_vocab_size: int, dtype, device, sample_drafts: bool = False):
-        self.model = load_model(draft_dir, dtype, device)
+                 target_vocab_size: int, dtype, device, sample_drafts: bool = False, quantization: str = "none"):
+        self.model = load_model(draft_dir, dtype, device, quantization=quantization)
         self.kv_cache = KVCache(self.model.config, num_pages, page_size, dtype, device)
         self.runner = ModelRunner(self.model, self.kv_cache)
         self.planner = planner

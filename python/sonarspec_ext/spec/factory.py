@@ -85,7 +85,8 @@ def make_proposer(spec: SpecConfig, draft_dir: Optional[str], target, planner, n
         return NgramProposer(spec.num_draft_tokens)
     if spec.method == "draft_target":
         return DraftModelProposer(draft_dir, spec.num_draft_tokens, planner, num_pages, page_size,
-                                  target.config.vocab_size, dtype, device, sample_drafts=draft_sampling)
+                                  target.config.vocab_size, dtype, device, sample_drafts=draft_sampling,
+                                  quantization=spec.quantization)
     if spec.method == "eagle_tree":
         head = load_mtp_head(draft_dir, target, dtype, device)
         return EagleTreeProposer(head, spec.num_draft_tokens, spec.tree_top_k or TREE_TOP_K,
