@@ -126,3 +126,19 @@ def test_smollm2_quantized_logits_stay_near_transformers(quantization):
         assert ((o - ref).abs().max(-1).values <= 0.2 * ref.abs().max(-1).values).all()
         agree.append((o.argmax(-1) == ref.argmax(-1)).float().mean().item())
     assert min(agree) >= 0.85, agree
+
+
+@pytest.mark.slow
+def test_quantized_benchmark_runs_on_a_gguf_file(tiny_dir, tmp_path):
+    """bench --spec quantized without llama.cpp: the file's blocks, bytes per token (packed
+    matrices, the untied-for-lookup embedding left out) and the plain and n-gram rows."""
+    from sonarspec_ext.bench.quantized import bench_quantized
+    path = write_gguf(tiny_dir, str(tmp_path / "b.gguf"), qtype=T.Q8_0)
+    info = bench_quantized(path, None, max_tokens=8, repeats=1, with_llama_cpp=False)
+    (row,) = info["results"]
+    qm = load_model(path, quantization="auto")
+    layer_bytes = sum(m.weight.nbytes for m in qm.modules()
+                      if hasattr(m, "weight") and hasattr(m.weight, "to_blocks") and m is not qm.lm_head)
+    assert layer_bytes < row["bytes_per_token"] < layer_bytes + qm.lm_head.weight.nbytes + 10 * 64 * 4 * 2
+    assert row["plain_tok_s"] > 0 and set(row["schemes"]) == {"plain", "ngram K=4"}
+    assert row["floor_tok_s"] == pytest.approx(info["read_bandwidth_gbs"] * 1e9 / row["bytes_per_token"], rel=0.01)
