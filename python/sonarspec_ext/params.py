@@ -80,8 +80,9 @@ class SpecConfig:
     tree_top_k: Optional[int] = None
     tree_num_nodes: Optional[int] = None
     tree_paths: Optional[List[List[int]]] = None
-    # draft_target: the draft model's weight matrices, as EngineConfig.quantization ("auto"
-    # keeps a GGUF draft's Q8_0 / Q4_0 / Q4_1 blocks; "q8_0" ... quantize a float draft at load)
+    # the drafter's weight matrices, as EngineConfig.quantization: "auto" keeps a GGUF draft
+    # model's Q8_0 / Q4_0 / Q4_1 blocks; "q8_0" ... quantize a draft model, or an MTP head's
+    # input projection and layer, at load (a head's lm_head rows are the target's)
     quantization: str = "auto"
 
     def __post_init__(self):

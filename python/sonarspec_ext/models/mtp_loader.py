@@ -19,7 +19,9 @@ import torch
 from safetensors.torch import save_file
 
 from .config import CheckpointError, ModelConfig
-from .loader import load_state, parse_dtype, weight_files
+from ..layers.linear import Linear
+from ..ops.quantized import QuantizedMatrix
+from .loader import load_state, parse_dtype, resolve_quantization, weight_files
 from .mtp import MTPHead
 
 ARCHITECTURE = "SonarspecMTPHead"
@@ -92,9 +94,12 @@ def head_config(path: str, target_cfg: ModelConfig) -> Tuple[ModelConfig, str, O
     return cfg, fmt, layer, layout
 
 
-def load_mtp_head(path: str, target, dtype="float32", device="cpu", compact_weights: bool = True) -> MTPHead:
+def load_mtp_head(path: str, target, dtype="float32", device="cpu", compact_weights: bool = True,
+                  quantization: str = "none") -> MTPHead:
     """Loads the head in ``path`` (any supported layout) and binds it to ``target``;
-    ``compact_weights`` as in ``models.loader.load_model``."""
+    ``compact_weights`` as in ``models.loader.load_model``; ``quantization``: "none" or
+    "auto" (float heads stay float), or a block format for its input projection and layer
+    (the lm_head rows are the target's, in the target's format)."""
     cfg, fmt, layer, layout = head_config(path, target.config)
     torch_dtype = parse_dtype(dtype)
     with torch.device("meta"):
@@ -116,6 +121,13 @@ def load_mtp_head(path: str, target, dtype="float32", device="cpu", compact_weig
     head.rotary = head.rotary.__class__(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                         cfg.rope_scaling)
     head = head.to(device).eval().requires_grad_(False)
+    quant = resolve_quantization(quantization, path, device, dtype)
+    if quant not in ("none", "file"):
+        for module in head.modules():
+            if isinstance(module, Linear):
+                w = module.weight
+                del module._parameters["weight"]
+                module.weight = QuantizedMatrix.quantize(w, quant)
     head.fuse_projections()
     return head.bind(target)
 

@@ -88,12 +88,12 @@ def make_proposer(spec: SpecConfig, draft_dir: Optional[str], target, planner, n
                                   target.config.vocab_size, dtype, device, sample_drafts=draft_sampling,
                                   quantization=spec.quantization)
     if spec.method == "eagle_tree":
-        head = load_mtp_head(draft_dir, target, dtype, device)
+        head = load_mtp_head(draft_dir, target, dtype, device, quantization=spec.quantization)
         return EagleTreeProposer(head, spec.num_draft_tokens, spec.tree_top_k or TREE_TOP_K,
                                  spec.tree_num_nodes or TREE_NUM_NODES, planner, num_pages, page_size, dtype, device,
                                  paths=spec.tree_paths)
     if spec.method == "mtp":
-        head = load_mtp_head(draft_dir, target, dtype, device)
+        head = load_mtp_head(draft_dir, target, dtype, device, quantization=spec.quantization)
         return MTPProposer(head, spec.num_draft_tokens, planner, num_pages, page_size, dtype, device,
                            sample_drafts=draft_sampling)
     return NoProposer()
