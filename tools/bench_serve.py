@@ -82,7 +82,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--quantization", default="none", choices=QUANTIZATION_CHOICES,
-                      help="the model's weights (none: float; auto: a GGUF file's own blocks)")
+                    help="the model's weights (none: float; auto: a GGUF file's own blocks)")
+    ap.add_argument("--spec-control", default="always", choices=["always", "adaptive"],
+                    help="adaptive: the engine speculates only while it measures faster (serve's default)")
     ap.add_argument("--specs", nargs="+", default=["none", "mtp"])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--requests", type=int, default=16)
@@ -94,12 +96,14 @@ def main() -> None:
     for spec in args.specs:
         t0 = time.perf_counter()
         control = {} if args.spec_max_batch is None else {"spec_max_batch": args.spec_max_batch}
+        control["adaptive_speculation"] = args.spec_control == "adaptive"
         llm = LLM(args.model, spec=SpecConfig(method=spec), quantization=args.quantization, **control)
         srv, url = start_server(llm, args.model)
         startup = time.perf_counter() - t0
         asyncio.run(load(url, 1, 2, 8))   # warm-up
         for c in args.concurrency:
-            row = {"spec": spec, "spec_max_batch": args.spec_max_batch, "startup_s": startup, **asyncio.run(load(url, c, max(args.requests, c),
+            row = {"spec": spec, "spec_max_batch": args.spec_max_batch, "spec_control": args.spec_control,
+                   "quantization": args.quantization, "startup_s": startup, **asyncio.run(load(url, c, max(args.requests, c),
                                                                           args.max_tokens))}
             rows.append(row)
             print(f"{spec:6s} c={c:3d}: {row['requests_per_s']:.2f} req/s, {row['output_tok_s']:.1f} tok/s, "
