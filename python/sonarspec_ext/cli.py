@@ -5,6 +5,9 @@ import argparse
 import sys
 import time
 
+from .bench.command import add_bench_parser
+from .params import QUANTIZATION_CHOICES
+
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
@@ -109,81 +112,9 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
     p.add_argument("--spec-control", default="adaptive", choices=["adaptive", "always"],
                    help="adaptive: speculate only while it measures faster than plain decoding (probing both); "
                         "always: speculate every step")
-    add_quantization_arg(p)
-
-
-def add_quantization_arg(p) -> None:
-    from .models.loader import QUANTIZATION_CHOICES
     p.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,
                    help="weight matrices: auto keeps a GGUF file's Q8_0/Q4_0/Q4_1 blocks (CPU), none dequantizes "
                         "them at load, q8_0/q4_0/q4_1 quantize any checkpoint at load")
-
-
-def _packaged(name: str) -> bool:
-    from .assets import path
-    try:
-        path(name)
-        return True
-    except FileNotFoundError:
-        return False
-
-
-def _bench(args) -> int:
-    from .bench import bench_decode, print_table, write_json
-    if args.spec == "quantized":
-        from .bench.quantized import bench_quantized, print_quantized_table
-        mtp = None if args.mtp == "none" else args.mtp
-        if mtp == "default":
-            from .assets import resolve
-            from .spec.factory import find_mtp_head
-            mtp = find_mtp_head(resolve(args.model, "target"))
-        info = bench_quantized(args.model, mtp, args.max_tokens, args.repeats, args.threads,
-                               with_llama_cpp=not args.no_llama_cpp, mtp_k=args.mtp_ks[0])
-        print_quantized_table(info)
-        if args.json:
-            write_json(info, args.json)
-        return 0
-    if args.spec in ("all", "mtp", "eagle_tree"):
-        from .bench.spec import bench_spec, plot_spec, print_spec_table
-        target = "default" if args.model == "synthetic-30m" else args.model
-        mtp = args.mtp if args.mtp != "default" or _packaged("mtp") else None
-        mtp = None if mtp == "none" else mtp
-        draft = None if args.draft == "none" else args.draft
-        if args.spec != "all" and mtp is None:
-            raise ValueError(f"--spec {args.spec} needs an MTP head: pass --mtp DIR (no packaged head is installed)")
-        full, tree = args.spec == "all", args.spec == "eagle_tree"
-        from .spec.factory import TREE_NUM_NODES, TREE_TOP_K
-        trees = [(d, args.tree_top_k or TREE_TOP_K, args.tree_nodes or TREE_NUM_NODES)
-                 for d in (args.mtp_ks if tree else [3] if full else [])]
-        info = bench_spec(target, None if tree else draft, args.ks, args.batch_sizes, args.max_tokens,
-                          args.repeats, full and not args.no_transformers, args.threads, mtp, args.mtp_ks,
-                          with_ngram=full, spec_max_batch=args.spec_max_batch, trees=trees if mtp else (),
-                          device=args.device, dtype=args.dtype, temperature=args.temperature, top_p=args.top_p,
-                          draft_sampling=args.draft_sampling, cuda_graphs=args.cuda_graphs,
-                          quantization=args.quantization)
-        if tree:
-            from .bench.attention import bench_tree_attention, print_attention_table
-            from .models.loader import load_config
-            info["attention"] = bench_tree_attention(load_config(info["target"]))
-        print_spec_table(info)
-        if tree:
-            print("\nverification attention, one layer (float32, CPU): tree vs chain of equal query count")
-            print_attention_table(info["attention"])
-        if args.json:
-            write_json(info, args.json)
-        if args.plot and not plot_spec(info, args.plot):
-            print("bench: matplotlib is not installed; no chart written", file=sys.stderr)
-        return 0
-    if args.device != "cpu" or args.dtype != "float32" or args.temperature or args.top_p != 1.0 or args.cuda_graphs:
-        raise ValueError("--device, --dtype, --temperature, --top-p and --cuda-graphs apply to --spec "
-                         "all/mtp/eagle_tree; --spec none runs greedy float32 on the CPU")
-    info = bench_decode(None if args.model == "synthetic-30m" else args.model, args.batch_sizes,
-                        args.prompt_len, args.max_tokens, args.repeats, args.threads,
-                        with_transformers=not args.no_transformers, quantization=args.quantization)
-    print_table(info)
-    if args.json:
-        write_json(info, args.json)
-    return 0
 
 
 def _train_mtp(args) -> int:
@@ -259,7 +190,6 @@ def _add_serve(sub) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="sonarspec", description="LLM inference built for speculative decoding")
     sub = ap.add_subparsers(dest="command", required=True)
-    from .models.loader import QUANTIZATION_CHOICES
     g = sub.add_parser("generate", help="generate a continuation of PROMPT (or, with --chat, a reply to it)")
     g.add_argument("prompt")
     g.add_argument("--chat", action="store_true", help="PROMPT is a user message: reply through the chat template")
@@ -269,47 +199,7 @@ def main(argv=None) -> int:
     _add_model_args(c, max_tokens=256, temperature=0.0)
     c.add_argument("--system", default=None, help="system message (default: the template's own)")
     c.set_defaults(func=_chat)
-    b = sub.add_parser("bench", help="decode speed vs transformers on the same weights")
-    b.add_argument("--spec", default="none", choices=["none", "all", "mtp", "eagle_tree", "quantized"],
-                   help="none: plain decoding vs transformers; quantized: a GGUF file's blocks, plain and "
-                        "speculative (MTP K=--mtp-ks[0], ngram), beside llama.cpp on the same files (with "
-                        "llama-cpp-python) and the bandwidth floor; all: every speculation scheme on the target; "
-                        "mtp: plain, draft_target and MTP heads; eagle_tree: MTP chains and trees of the same "
-                        "depths (--mtp-ks) plus tree-vs-chain verification attention")
-    b.add_argument("--model", default="synthetic-30m",
-                   help="HF model dir, .gguf file, smollm2, or synthetic-30m (random 30M Llama; with --spec all: the "
-                        "packaged target)")
-    b.add_argument("--draft", default="default", help="draft model for --spec all ('none': no draft_target rows)")
-    b.add_argument("--ks", type=positive_int, nargs="+", default=[2, 4, 6], help="draft_target draft lengths")
-    b.add_argument("--mtp", default="default",
-                   help="MTP head dir for --spec all/mtp ('default': packaged head; 'none': no MTP rows)")
-    b.add_argument("--mtp-ks", type=positive_int, nargs="+", default=[1, 2, 3, 4], help="MTP draft lengths (tree depths)")
-    b.add_argument("--tree-top-k", type=positive_int, default=None, help="eagle_tree: children per expanded node (4)")
-    b.add_argument("--tree-nodes", type=positive_int, default=None, help="eagle_tree: draft nodes per tree (16)")
-    b.add_argument("--spec-max-batch", type=int, default=None,
-                   help="speculate only while at most this many sequences decode (engine option spec_max_batch)")
-    b.add_argument("--plot", default=None, help="write a PNG chart (--spec all; needs matplotlib)")
-    b.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8], help="batch sizes to measure")
-    b.add_argument("--prompt-len", type=positive_int, default=32, help="--spec none: random prompt length")
-    b.add_argument("--max-tokens", type=positive_int, default=128, help="tokens generated per prompt")
-    b.add_argument("--repeats", type=positive_int, default=5, help="timed rounds (medians are reported)")
-    b.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
-    b.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
-    b.add_argument("--no-llama-cpp", action="store_true", help="--spec quantized: skip llama.cpp")
-    b.add_argument("--quantization", default="none", choices=QUANTIZATION_CHOICES,
-                   help="the target's weights (none: float; auto: a GGUF file's own blocks; --spec quantized "
-                        "always uses each file's own)")
-    b.add_argument("--device", default="cpu", help="--spec all/mtp/eagle_tree: cpu or cuda")
-    b.add_argument("--cuda-graphs", action="store_true", help="with --device cuda: small steps as CUDA graphs")
-    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="--spec all/mtp/eagle_tree: activation dtype")
-    b.add_argument("--temperature", type=float, default=0.0,
-                   help="--spec all/mtp/eagle_tree: sample at this temperature (seeded per prompt; 0: greedy)")
-    b.add_argument("--top-p", type=float, default=1.0, help="--spec all/mtp/eagle_tree: nucleus for sampling")
-    b.add_argument("--draft-sampling", action="store_true",
-                   help="draw sampled requests' drafts from the drafter's distribution (engine option draft_sampling)")
-    b.add_argument("--json", default=None, help="write results to this JSON file")
-    b.set_defaults(func=_bench)
+    add_bench_parser(sub, positive_int)
     _add_train_mtp(sub)
     _add_serve(sub)
     args = ap.parse_args(argv)

@@ -124,16 +124,14 @@ def quantized_formats(model: torch.nn.Module) -> set:
     return {m.weight.format for m in model.modules() if isinstance(getattr(m, "weight", None), QuantizedMatrix)}
 
 
-
-
 def resolve_quantization(quantization: str, path: str, device="cpu", dtype=torch.float32) -> str:
     """What ``load_model`` does with ``quantization``: "none" (float weights), a format
     name (every projection and the lm_head in it) or "file" (a GGUF file's own formats).
 
     "auto": a GGUF file whose layer matrices are all in natively run formats (Q8_0, Q4_0,
     Q4_1) keeps them ("file") where the CPU has AVX-512 VNNI; anything else loads float
-    weights. Block formats run on the
-    CPU with float32 activations: elsewhere "auto" means "none" and a format is an error."""
+    weights. Block formats run on the CPU with float32 activations: elsewhere "auto" means
+    "none" and a format is an error."""
     if quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"quantization {quantization!r} is not supported; choose one of "
                          f"{', '.join(QUANTIZATION_CHOICES)}")
@@ -181,8 +179,6 @@ def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool =
     else:
         if not os.path.isdir(path):
             raise CheckpointError(f"{path}: model directory or GGUF file not found")
-        if quant == "file":
-            raise ValueError(f"{path}: quantization 'file' keeps a GGUF file's formats; this is not a GGUF file")
         cfg = ModelConfig.from_dir(path)
         model, expected = _empty_model(cfg)
         state = load_state(path, expected, torch_dtype, keep_bf16_matrices=compact and quant == "none")
