@@ -4,7 +4,7 @@ never changes tokens."""
 import pytest
 
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
-from sonarspec_ext.engine.spec_control import SpeculationControl
+from sonarspec_ext.engine.spec_control import BatchSpeculationControl, SpeculationControl
 
 
 def simulate(spec_tok_s: float, plain_tok_s: float, steps: int = 3000) -> SpeculationControl:
@@ -55,5 +55,19 @@ def test_adaptive_engine_gives_plain_tokens():
     for _ in range(3):
         assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     s = llm.stats()["adaptive_speculation"]
-    assert s["speculating_steps"] > 32 and s["plain_steps"] > 0   # the first phase, then a probe
-    assert s["speculating_tok_s"] > 0 and s["plain_tok_s"] > 0
+    assert s["speculating_steps"] > 16 and s["plain_steps"] > 0   # the first phase, then a probe
+    two = s["classes"]["2+"]   # both prompts decode together
+    assert two["speculating_tok_s"] > 0 and two["plain_tok_s"] > 0
+
+
+def test_batch_size_classes_learn_separately():
+    c = BatchSpeculationControl()
+    assert c.for_batch(1) is not c.for_batch(2) and c.for_batch(2) is c.for_batch(3)
+    assert c.for_batch(32) is c.for_batch(500) and c.for_batch(0) is c.for_batch(1)
+    for _ in range(3000):   # one stream: speculation is faster; 40 streams: plain is
+        for n, (spec, plain) in ((1, (150.0, 100.0)), (40, (300.0, 600.0))):
+            k = c.for_batch(n)
+            tokens = 2 if k.speculate else 1
+            k.record(tokens / (spec if k.speculate else plain), tokens, measured=True)
+    assert c.for_batch(1).winner and not c.for_batch(40).winner
+    assert not c.for_batch(20).winner   # a new class starts from its nearest neighbour's verdict

@@ -146,18 +146,12 @@ class LLM:
             **self.engine.finished.summary(),
             "num_engine_steps": self.engine.num_steps,
             "timing": {k: self.engine.timing[k] for k in TIMING_KEYS},
-            **({"adaptive_speculation": _control_stats(self.engine.spec_control)}
+            **({"adaptive_speculation": self.engine.spec_control.summary()}
                if self.engine.spec_control is not None else {}),
             **({"cuda_graphs": [{"captured": len(r.graphs.graphs), "error": r.graphs.error}
                                 for r in self.engine.runners() if r.graphs is not None]}
                if self.engine.config.cuda_graphs else {}),
         }
-
-
-def _control_stats(control) -> dict:
-    """Decode steps run speculating and plainly, and each mode's measured tokens/s."""
-    return {"speculating_steps": control.steps[True], "plain_steps": control.steps[False],
-            "speculating_tok_s": control.rates[True], "plain_tok_s": control.rates[False]}
 
 
 def _params_list(params, n: int, what: str) -> List[SamplingParams]:

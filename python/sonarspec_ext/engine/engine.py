@@ -24,7 +24,7 @@ from ..ops.linear import native_gemm_threads
 from ..params import SamplingParams, SpecConfig
 from ..runtime.kv_cache import KVCache, num_pages_for_budget
 from .detokenize import stop_prefix_len
-from .spec_control import SpeculationControl
+from .spec_control import BatchSpeculationControl
 from .request_stats import RequestTotals
 from ..runtime.runner import ModelRunner
 from .sequence import Sequence
@@ -149,7 +149,7 @@ class Engine:
         self._next_plan = None   # PlanHandle of the step planned ahead (async_planning)
         self.step_context = StepContext()   # the running step's, handed to the proposer after it
         speculating = self.spec.method != "none"
-        self.spec_control = SpeculationControl() if c.adaptive_speculation and speculating else None
+        self.spec_control = BatchSpeculationControl() if c.adaptive_speculation and speculating else None
         self.num_steps = 0
         self.finished = RequestTotals()   # statistics of finished requests, as running totals
         # wraps the region of the single-token MTP schedule that must not wait for the host
@@ -272,7 +272,8 @@ class Engine:
         decoding = [seq for seq, start, n in batch if n == 1 and start == seq.num_tokens - 1]
         # Under load (more decoding sequences than spec_max_batch) the step decodes plainly
         # and drafters defer their refills, catching up once speculation resumes.
-        limit, control = self.config.spec_max_batch, self.spec_control
+        limit = self.config.spec_max_batch
+        control = self.spec_control.for_batch(len(decoding)) if self.spec_control is not None else None
         self.step_context = StepContext(paused=(limit is not None and len(decoding) > limit)
                                         or (control is not None and not control.speculate))
         before = sum(seq.num_tokens for seq in decoding)

@@ -16,7 +16,7 @@ from typing import Dict, Optional
 
 
 class SpeculationControl:
-    def __init__(self, phase_steps: int = 32, probe_steps: int = 8, max_phase_steps: int = 512,
+    def __init__(self, phase_steps: int = 16, probe_steps: int = 4, max_phase_steps: int = 512,
                  decay: float = 0.5):
         if min(phase_steps, probe_steps) < 1 or max_phase_steps < phase_steps or not 0 <= decay < 1:
             raise ValueError("SpeculationControl needs phase_steps, probe_steps >= 1, max_phase_steps >= "
@@ -68,3 +68,31 @@ class SpeculationControl:
         else:              # the winner's phase is over: probe the other mode
             self.probing, self._left = True, self.probe_steps
         self._fresh = self.speculate != mode
+
+
+class BatchSpeculationControl:
+    """One ``SpeculationControl`` per size class of the decoding batch (1, 2-3, 4-7, ...,
+    32 and more sequences): speculation that pays for one stream rarely pays for 32, so each
+    class learns its own winner, and the losing mode's probes there grow rare. A class seen
+    for the first time starts with the winner of the nearest class already measured."""
+
+    def __init__(self, **kwargs):
+        self._kwargs = kwargs
+        SpeculationControl(**kwargs)   # validates the settings
+        self.classes: Dict[int, SpeculationControl] = {}
+
+    def for_batch(self, num_decoding: int) -> SpeculationControl:
+        c = min(max(num_decoding, 1).bit_length(), 6)
+        if c not in self.classes:   # a new class starts with the winner of the nearest class seen
+            new = SpeculationControl(**self._kwargs)
+            if self.classes:
+                new.winner = self.classes[min(self.classes, key=lambda k: (abs(k - c), k))].winner
+            self.classes[c] = new
+        return self.classes[c]
+
+    def summary(self) -> dict:
+        """Decode steps run speculating and plainly, and per class its measured tokens/s."""
+        return {"speculating_steps": sum(c.steps[True] for c in self.classes.values()),
+                "plain_steps": sum(c.steps[False] for c in self.classes.values()),
+                "classes": {f"{1 << (k - 1)}+": {"speculating_tok_s": c.rates[True], "plain_tok_s": c.rates[False]}
+                            for k, c in sorted(self.classes.items())}}
