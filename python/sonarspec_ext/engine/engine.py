@@ -23,6 +23,7 @@ from ..models.loader import (QUANTIZATION_CHOICES, has_compact_weights, load_mod
 from ..ops.linear import native_gemm_threads
 from ..params import SamplingParams, SpecConfig
 from ..runtime.kv_cache import KVCache, num_pages_for_budget
+from .blocks import Block
 from .detokenize import stop_prefix_len
 from .spec_control import BatchSpeculationControl
 from .request_stats import RequestTotals
@@ -315,7 +316,7 @@ class Engine:
     def pack(self, batch, drafts):
         """The target's packed input for a step: prefill chunks, and for decoding sequences
         their last token plus drafts. Returns (input_ids, positions, metadata, blocks,
-        logits_indices); a block is (seq, start, first row, n, frontier, logits offset, draft)."""
+        logits_indices) with one ``Block`` per sequence."""
         input_ids: List[int] = []
         starts, lens, logits_idx, blocks, trees = [], [], [], [], []
         for seq, start, n in batch:
@@ -330,9 +331,9 @@ class Engine:
             input_ids.extend(toks)
             starts.append(start)
             lens.append(len(toks))
-            frontier = start + n == seq.num_tokens   # the step reaches the sequence's last token
-            blocks.append((seq, start, row, n, frontier, len(logits_idx), draft))
-            if frontier:
+            at_end = start + n == seq.num_tokens   # the step reaches the sequence's last token
+            blocks.append(Block(seq, start, row, n, at_end, len(logits_idx), draft))
+            if at_end:
                 logits_idx.extend(range(row + n - 1, len(input_ids)))
         meta, positions = self.runner.planner_metadata(self.planner, [s.seq_id for s, *_ in batch], starts, lens,
                                                        self.model_config.sliding_window, trees)

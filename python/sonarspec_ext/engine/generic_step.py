@@ -19,32 +19,31 @@ def generic_step(engine, batch, drafts) -> List:
                                 hidden_indices=slice(None) if engine.proposer.needs_hidden else None)
     logits, hidden = out if engine.proposer.needs_hidden else (out, None)
     t3 = time.perf_counter()
-    chains = [(logits[offset:offset + len(draft.token_ids) + 1], draft, seq.params, seq.generator)
-              for seq, start, row, n, frontier, offset, draft in blocks
-              if frontier and draft is not None and draft.tree is None]
+    chains = [(_block_logits(logits, b), b.draft, b.seq.params, b.seq.generator)
+              for b in blocks if b.at_end and b.draft is not None and b.draft.tree is None]
     chain_results = iter(verify_chains(chains))
     results = []
-    for seq, start, row, n, frontier, offset, draft in blocks:
-        tokens, accepted, used = [], 0, list(range(row, row + n))   # used: rows now valid
-        if frontier:
-            if draft is None:
-                tokens = sample(logits[offset:offset + 1], [seq.params], [seq.generator])
-            elif draft.tree is not None:
-                block = logits[offset:offset + len(draft.token_ids) + 1]
-                tokens, path = verify_tree(block, draft, seq.params, seq.generator)
+    for b in blocks:
+        seq, end = b.seq, b.row + b.num_tokens
+        tokens, accepted, used = [], 0, list(range(b.row, end))   # used: rows now valid
+        if b.at_end:
+            if b.draft is None:
+                tokens = sample(_block_logits(logits, b), [seq.params], [seq.generator])
+            elif b.draft.tree is not None:
+                tokens, path = verify_tree(_block_logits(logits, b), b.draft, seq.params, seq.generator)
                 accepted = len(path)
                 commit_tree_path(engine, seq, path)
-                used += [row + n - 1 + i for i in path]
+                used += [end - 1 + i for i in path]
             else:
                 tokens, accepted = next(chain_results)
-                used += range(row + n, row + n + accepted)
-        results.append((seq, start, frontier, tokens, accepted, draft, used))
+                used += range(end, end + accepted)
+        results.append((b, tokens, accepted, used))
     t4 = time.perf_counter()
     records = []
-    for seq, start, frontier, tokens, accepted, draft, used in results:
-        n_before = engine.emit(seq, tokens, accepted, draft)
-        if not seq.finished:
-            records.append(StepRecord(seq, start, n_before, draft, accepted, frontier,
+    for b, tokens, accepted, used in results:
+        n_before = engine.emit(b.seq, tokens, accepted, b.draft)
+        if not b.seq.finished:
+            records.append(StepRecord(b.seq, b.start, n_before, b.draft, accepted, b.at_end,
                                       None if hidden is None else hidden[used]))
     engine.plan_ahead(records)
     t5 = time.perf_counter()
@@ -54,7 +53,11 @@ def generic_step(engine, batch, drafts) -> List:
     engine.timing["draft"] += t6 - t5
     engine.timing["verify"] += t3 - t2
     engine.timing["sample"] += t4 - t3
-    return [r[0] for r in results if r[2]]
+    return [b.seq for b in blocks if b.at_end]
+
+
+def _block_logits(logits, b):
+    return logits[b.logits_offset:b.logits_offset + b.num_logits]
 
 
 def commit_tree_path(engine, seq, path: List[int]) -> None:

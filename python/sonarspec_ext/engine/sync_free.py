@@ -56,13 +56,13 @@ def sync_free_step(engine, batch, drafts) -> List:
     t0 = time.perf_counter()
     ids, positions, meta, blocks, logits_idx = engine.pack(batch, drafts)
     logits, hidden = engine.runner.forward(ids, positions, meta, logits_idx, hidden_indices=slice(None))
-    starts = torch.tensor([b[2] for b in blocks], dtype=torch.long, device=ids.device)
+    starts = torch.tensor([b.row for b in blocks], dtype=torch.long, device=ids.device)
     t1 = time.perf_counter()
     with engine.sync_guard():
         tokens, accepted = [], []
-        for seq, start, row, n, frontier, offset, draft in blocks:
-            t, a = verify_chain_device(logits[offset:offset + 2], ids[row + 1:row + 2], draft.probs, seq.params,
-                                       seq.generator)
+        for b in blocks:
+            t, a = verify_chain_device(logits[b.logits_offset:b.logits_offset + 2], ids[b.row + 1:b.row + 2],
+                                       b.draft.probs, b.seq.params, b.seq.generator)
             tokens.append(t)
             accepted.append(a)
         tokens, accepted = torch.stack(tokens), torch.stack(accepted)
@@ -74,14 +74,14 @@ def sync_free_step(engine, batch, drafts) -> List:
                                                           hidden_indices=carried, features=hidden)
     t3 = time.perf_counter()
     accepted_host, tokens_host = accepted.tolist(), tokens.tolist()   # the host learns the lengths here
-    for b, (seq, start, row, n, frontier, offset, draft) in enumerate(blocks):
-        a = accepted_host[b]
-        n_before = engine.emit(seq, tokens_host[b][:a + 1], a, draft)
-        if not seq.finished:
-            proposer.carry(seq, n_before + a, head_logits[b], head_feats[b])
+    for i, b in enumerate(blocks):
+        a = accepted_host[i]
+        n_before = engine.emit(b.seq, tokens_host[i][:a + 1], a, b.draft)
+        if not b.seq.finished:
+            proposer.carry(b.seq, n_before + a, head_logits[i], head_feats[i])
     t4 = time.perf_counter()
     engine.timing["verify"] += t1 - t0
     engine.timing["sample"] += t2 - t1
     engine.timing["draft"] += t3 - t2
     engine.timing["plan"] += t4 - t3   # post-processing, as in the generic step
-    return [b[0] for b in blocks]
+    return [b.seq for b in blocks]

@@ -104,7 +104,7 @@ class DraftModelProposer(Proposer):
         flush_waiting(self.waiting, self._refill)
         rows = []
         for r in records:
-            if not r.frontier or (self.step.paused and r.decoded):
+            if not r.at_end or (self.step.paused and r.decoded):
                 continue   # prefill chunks: prefilled at the last one; paused decodes: caught up later
             seq, st = r.seq, self.state.get(r.seq.seq_id)
             # Draft KV is valid for the tokens it has seen plus the accepted drafts it wrote

@@ -47,7 +47,7 @@ class MTPProposer(Proposer):
         self.sample_drafts = sample_drafts
         self.device_chain = True   # greedy chains stay on the device where the native chain does not apply
         self.state: Dict[int, _HeadState] = {}
-        # seq_id -> (seq, start, tokens, target features, frontier): a head re-run waiting
+        # seq_id -> (seq, start, tokens, target features, at_end): a head re-run waiting
         self.waiting: Dict[int, Tuple[object, int, List[int], torch.Tensor, bool]] = {}
         self.defer_refills = not sample_drafts and self.runner.device.type == "cpu"
 
@@ -63,12 +63,12 @@ class MTPProposer(Proposer):
         self.waiting.pop(seq.seq_id, None)
 
     def _refill(self, rows: List[Tuple[object, int, List[int], torch.Tensor, bool]]) -> None:
-        """Re-runs the head over (seq, start, tokens, target features, frontier) rows; a
-        frontier row carries its logits and feature into the next step."""
+        """Re-runs the head over (seq, start, tokens, target features, at_end) rows; an
+        at_end row carries its logits and feature into the next step."""
         logits, feats = self.run_head([row[:4] for row in rows])
-        for i, (seq, start, _, hidden, frontier) in enumerate(rows):
+        for i, (seq, start, _, hidden, at_end) in enumerate(rows):
             valid = start + hidden.shape[0]
-            self.state[seq.seq_id] = _HeadState(valid, logits[i], feats[i]) if frontier else _HeadState(valid)
+            self.state[seq.seq_id] = _HeadState(valid, logits[i], feats[i]) if at_end else _HeadState(valid)
 
     def _refill_chains(self, seqs: Sequence, ks: Sequence[int]) -> Optional[List[Draft]]:
         """Drafts from one native call running every sequence's waiting re-run and then its
@@ -140,7 +140,7 @@ class MTPProposer(Proposer):
                 self.state[seq.seq_id] = _HeadState(valid, pending=hidden)   # run it once speculation resumes
                 continue
             m = hidden.shape[0]
-            rows.append((seq, start, seq.all_ids[start + 1:start + 1 + m], hidden, r.frontier))
+            rows.append((seq, start, seq.all_ids[start + 1:start + 1 + m], hidden, r.at_end))
         if self.defer_refills:
             self.waiting.update((row[0].seq_id, row) for row in rows)
         elif rows:

@@ -45,13 +45,13 @@ class StepRecord:
     n_before: int                 # seq.num_tokens before the step
     draft: Optional[Draft]
     num_accepted: int
-    frontier: bool                # the step reached the sequence's last token and emitted tokens
+    at_end: bool                  # the step reached the sequence's last token and emitted tokens
     hidden: Optional[torch.Tensor] = None
 
     @property
     def decoded(self) -> bool:
         """A plain decode step: one token in, one token out, no drafts."""
-        return self.frontier and self.draft is None and self.start == self.n_before - 1
+        return self.at_end and self.draft is None and self.start == self.n_before - 1
 
 
 @dataclass
