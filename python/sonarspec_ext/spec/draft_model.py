@@ -17,7 +17,7 @@ import torch
 from ..runtime.kv_cache import KVCache
 from ..runtime.runner import ModelRunner
 from ..models.loader import load_model
-from .proposer import Draft, Proposer, StepRecord, flush_waiting, propose_chains, waiting_rows, whole_chains
+from .proposer import Draft, Proposer, RefillRow, StepRecord, flush_waiting, propose_chains, waiting_rows, whole_chains
 
 
 class DraftModelProposer(Proposer):
@@ -33,13 +33,13 @@ class DraftModelProposer(Proposer):
         self.sample_drafts = sample_drafts       # False: take the top token (point-mass drafts)
         self.device_chain = True   # greedy chains stay on the device where the native chain does not apply
         self.state: Dict[int, Tuple[int, torch.Tensor]] = {}  # seq_id -> (num_computed, logits)
-        self.waiting: Dict[int, Tuple[object, int, List[int]]] = {}  # seq_id -> (seq, start, tokens): a refill waiting
+        self.waiting: Dict[int, RefillRow] = {}  # seq_id -> a refill waiting
         self.defer_refills = not sample_drafts and self.runner.device.type == "cpu"
 
     def ready(self, seq) -> bool:
         p = self.waiting.get(seq.seq_id)
         if p is not None:
-            return p[1] + len(p[2]) == seq.num_tokens
+            return p.end == seq.num_tokens
         st = self.state.get(seq.seq_id)
         return st is not None and st[0] == seq.num_tokens
 
@@ -55,11 +55,11 @@ class DraftModelProposer(Proposer):
         pad = torch.full((logits.shape[0], V - logits.shape[-1]), float("-inf"), device=logits.device)
         return torch.cat([logits, pad], dim=-1)
 
-    def _refill(self, rows: List[Tuple[object, int, List[int]]]) -> None:
-        """Runs the draft over (seq, start, token_ids) rows and carries their logits."""
+    def _refill(self, rows: List[RefillRow]) -> None:
+        """Runs the draft over the rows and carries their logits."""
         out = self._run(rows)
-        for r, (seq, start, toks) in enumerate(rows):
-            self.state[seq.seq_id] = (start + len(toks), out[r])
+        for r, row in enumerate(rows):
+            self.state[row.seq.seq_id] = (row.end, out[r])
 
     def _refill_chains(self, seqs: Sequence, ks: Sequence[int]):
         """Drafts from one native call running every sequence's waiting refill and then its
@@ -68,23 +68,22 @@ class DraftModelProposer(Proposer):
         if found is None:
             return None
         k, rows = found
-        out = self.runner.refill_chain([(start, toks, self.page_table(seq)) for seq, start, toks in rows],
+        out = self.runner.refill_chain([(row.start, row.tokens, self.page_table(row.seq)) for row in rows],
                                        self.model.config.sliding_window, self.vocab_size, k - 1)
         if out is None:
             return None
         logits, _, tokens = out
         logits = self._vocab_logits(logits)
-        for r, (seq, start, toks) in enumerate(rows):
-            del self.waiting[seq.seq_id]
-            self.state[seq.seq_id] = (start + len(toks), logits[r])
+        for r, row in enumerate(rows):
+            del self.waiting[row.seq.seq_id]
+            self.state[row.seq.seq_id] = (row.end, logits[r])
         return [Draft(t) for t in tokens.tolist()]
 
-    def _run(self, rows: List[Tuple[object, int, List[int]]]) -> torch.Tensor:
-        """One draft forward over (seq, start, token_ids) rows; logits at each row's last token,
-        cut or padded to the target's vocabulary."""
-        return self._vocab_logits(self.runner.forward_rows([(start, toks, self.page_table(seq))
-                                                            for seq, start, toks in rows],
-                                                           self.model.config.sliding_window))
+    def _run(self, rows: List[RefillRow]) -> torch.Tensor:
+        """One draft forward over the rows; logits at each row's last token, cut or padded to
+        the target's vocabulary."""
+        return self._vocab_logits(self.runner.forward_rows([(row.start, row.tokens, self.page_table(row.seq))
+                                                            for row in rows], self.model.config.sliding_window))
 
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
         drafts = self._refill_chains(seqs, ks)
@@ -97,7 +96,8 @@ class DraftModelProposer(Proposer):
             return drafts
 
         def advance(j, rows, drafts):
-            return list(self._run([(seqs[i], seqs[i].num_tokens + j, [drafts[i].token_ids[j]]) for i in rows]))
+            return list(self._run([RefillRow(seqs[i], seqs[i].num_tokens + j, [drafts[i].token_ids[j]])
+                                   for i in rows]))
         return propose_chains(seqs, ks, logits, self.sample_drafts, advance)
 
     def after_step(self, records: Sequence[StepRecord]) -> None:
@@ -112,8 +112,8 @@ class DraftModelProposer(Proposer):
             valid = 0 if st is None else min(st[0], r.n_before)
             if st is not None and st[0] == r.n_before and r.draft is not None:
                 valid += min(r.num_accepted, max(0, len(r.draft.token_ids) - 1))
-            rows.append((seq, valid, seq.all_ids[valid:]))
+            rows.append(RefillRow(seq, valid, seq.all_ids[valid:]))
         if self.defer_refills:
-            self.waiting.update((row[0].seq_id, row) for row in rows)
+            self.waiting.update((row.seq.seq_id, row) for row in rows)
         elif rows:
             self._refill(rows)

@@ -14,14 +14,14 @@ waiting re-runs first - the same computations either way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
 from ..runtime.kv_cache import KVCache
 from ..runtime.runner import ModelRunner
 from ..models.mtp import MTPHead
-from .proposer import Draft, Proposer, StepRecord, flush_waiting, propose_chains, waiting_rows, whole_chains
+from .proposer import Draft, Proposer, RefillRow, StepRecord, flush_waiting, propose_chains, waiting_rows, whole_chains
 
 
 @dataclass
@@ -47,14 +47,13 @@ class MTPProposer(Proposer):
         self.sample_drafts = sample_drafts
         self.device_chain = True   # greedy chains stay on the device where the native chain does not apply
         self.state: Dict[int, _HeadState] = {}
-        # seq_id -> (seq, start, tokens, target features, at_end): a head re-run waiting
-        self.waiting: Dict[int, Tuple[object, int, List[int], torch.Tensor, bool]] = {}
+        self.waiting: Dict[int, RefillRow] = {}   # seq_id -> a head re-run waiting
         self.defer_refills = not sample_drafts and self.runner.device.type == "cpu"
 
     def ready(self, seq) -> bool:
         w = self.waiting.get(seq.seq_id)
         if w is not None:
-            return w[4] and w[1] + w[3].shape[0] == seq.num_tokens - 1
+            return w.at_end and w.end == seq.num_tokens - 1
         st = self.state.get(seq.seq_id)
         return st is not None and st.logits is not None and st.valid == seq.num_tokens - 1
 
@@ -62,13 +61,12 @@ class MTPProposer(Proposer):
         self.state.pop(seq.seq_id, None)
         self.waiting.pop(seq.seq_id, None)
 
-    def _refill(self, rows: List[Tuple[object, int, List[int], torch.Tensor, bool]]) -> None:
-        """Re-runs the head over (seq, start, tokens, target features, at_end) rows; an
-        at_end row carries its logits and feature into the next step."""
-        logits, feats = self.run_head([row[:4] for row in rows])
-        for i, (seq, start, _, hidden, at_end) in enumerate(rows):
-            valid = start + hidden.shape[0]
-            self.state[seq.seq_id] = _HeadState(valid, logits[i], feats[i]) if at_end else _HeadState(valid)
+    def _refill(self, rows: List[RefillRow]) -> None:
+        """Re-runs the head over the rows; an at_end row carries its logits and feature into
+        the next step."""
+        logits, feats = self.run_head(rows)
+        for i, row in enumerate(rows):
+            self.state[row.seq.seq_id] = _HeadState(row.end, logits[i], feats[i]) if row.at_end else _HeadState(row.end)
 
     def _refill_chains(self, seqs: Sequence, ks: Sequence[int]) -> Optional[List[Draft]]:
         """Drafts from one native call running every sequence's waiting re-run and then its
@@ -77,15 +75,15 @@ class MTPProposer(Proposer):
         if found is None:
             return None
         k, rows = found
-        out = self.runner.refill_chain([(start, toks, self.page_table(seq)) for seq, start, toks, _, _ in rows],
+        out = self.runner.refill_chain([(row.start, row.tokens, self.page_table(row.seq)) for row in rows],
                                        self.head.config.sliding_window, self.vocab_size, k - 1,
-                                       features=torch.cat([row[3] for row in rows]))
+                                       features=torch.cat([row.features for row in rows]))
         if out is None:
             return None
         logits, feats, tokens = out
-        for i, (seq, start, _, hidden, _) in enumerate(rows):
-            del self.waiting[seq.seq_id]
-            self.state[seq.seq_id] = _HeadState(start + hidden.shape[0], logits[i], feats[i])
+        for i, row in enumerate(rows):
+            del self.waiting[row.seq.seq_id]
+            self.state[row.seq.seq_id] = _HeadState(row.end, logits[i], feats[i])
         return [Draft(t) for t in tokens.tolist()]
 
     def carry(self, seq, valid: int, logits: torch.Tensor, feature: torch.Tensor) -> None:
@@ -93,12 +91,12 @@ class MTPProposer(Proposer):
         head at position valid - 1 (set by the single-token schedule)."""
         self.state[seq.seq_id] = _HeadState(valid, logits, feature)
 
-    def run_head(self, rows: List[Tuple[object, int, List[int], torch.Tensor]]):
-        """One head forward over (seq, start position, tokens t_{i+1}, features h_i) rows ->
+    def run_head(self, rows: List[RefillRow]):
+        """One head forward over rows (tokens t_{i+1} from position i, features h_i) ->
         (logits, features) at each row's last position."""
-        return self.runner.forward_rows([(start, toks, self.page_table(seq))
-                                         for seq, start, toks, _ in rows], self.head.config.sliding_window,
-                                        features=torch.cat([f for *_, f in rows]))
+        return self.runner.forward_rows([(row.start, row.tokens, self.page_table(row.seq)) for row in rows],
+                                        self.head.config.sliding_window,
+                                        features=torch.cat([row.features for row in rows]))
 
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
         drafts = self._refill_chains(seqs, ks)
@@ -115,7 +113,8 @@ class MTPProposer(Proposer):
         def advance(j, rows, drafts):
             # head position N-1+j reads its own predicted feature and draft token j+1
             out_logits, out_feats = self.run_head(
-                [(seqs[i], seqs[i].num_tokens - 1 + j, [drafts[i].token_ids[j]], feats[i].unsqueeze(0)) for i in rows])
+                [RefillRow(seqs[i], seqs[i].num_tokens - 1 + j, [drafts[i].token_ids[j]], feats[i].unsqueeze(0))
+                 for i in rows])
             for r, i in enumerate(rows):
                 feats[i] = out_feats[r]
             return list(out_logits)
@@ -140,8 +139,8 @@ class MTPProposer(Proposer):
                 self.state[seq.seq_id] = _HeadState(valid, pending=hidden)   # run it once speculation resumes
                 continue
             m = hidden.shape[0]
-            rows.append((seq, start, seq.all_ids[start + 1:start + 1 + m], hidden, r.at_end))
+            rows.append(RefillRow(seq, start, seq.all_ids[start + 1:start + 1 + m], hidden, r.at_end))
         if self.defer_refills:
-            self.waiting.update((row[0].seq_id, row) for row in rows)
+            self.waiting.update((row.seq.seq_id, row) for row in rows)
         elif rows:
             self._refill(rows)

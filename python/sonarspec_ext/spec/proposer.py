@@ -116,6 +116,22 @@ class NoProposer(Proposer):
     pass
 
 
+@dataclass
+class RefillRow:
+    """A drafter run over one sequence's tokens (after a step, or one chain step), run at
+    once or left waiting until the sequence's next draft."""
+    seq: object
+    start: int                               # position of the first token
+    tokens: List[int]
+    features: Optional[torch.Tensor] = None  # MTP heads: the target's hidden states, one per token
+    at_end: bool = True                      # ends at the sequence's last token: its output drafts next
+
+    @property
+    def end(self) -> int:
+        """The position after the row's last token."""
+        return self.start + len(self.tokens)
+
+
 def waiting_rows(waiting: dict, seqs: Sequence, ks: Sequence[int]) -> Optional[Tuple[int, list]]:
     """(k, each sequence's waiting refill row) when every sequence in ``seqs`` has a refill
     waiting in ``waiting`` (seq_id -> row) and all take the same k >= 1; else None."""
