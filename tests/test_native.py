@@ -112,7 +112,8 @@ def test_bf16_weights_take_bf16_rounded_activations_and_rows_stay_independent(m,
     """Compact (bfloat16) weights: the product of the bfloat16-rounded activations and the
     weights, summed in float32 (the float64 oracle), and each row equal bit for bit to the
     same row computed alone - what makes a verified token equal a decoded one."""
-    from sonarspec_ext.ops.linear import COMPACT_MAX_ROWS, padded_linear
+    from sonarspec_ext.ops.limits import COMPACT_MAX_ROWS
+    from sonarspec_ext.ops.linear import padded_linear
     g = torch.Generator().manual_seed(m)
     x, w, b = torch.randn(m, k, generator=g), torch.randn(203, k, generator=g).bfloat16(), torch.randn(203, generator=g)
     got = padded_linear(x, w, b)

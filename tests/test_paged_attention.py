@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from sonarspec_ext import ops
-from sonarspec_ext.runtime.metadata import NATIVE_ATTENTION_MAX_TOKENS, TreeBlock, build_metadata, tree_bits
+from sonarspec_ext.ops.limits import NATIVE_ATTENTION_MAX_TOKENS
+from sonarspec_ext.runtime.metadata import TreeBlock, build_metadata, tree_bits
 from sonarspec_ext.testing.reference import paged_attention_reference, tree_attention_cascade_reference
 
 

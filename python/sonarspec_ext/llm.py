@@ -146,6 +146,7 @@ class LLM:
             **self.engine.finished.summary(),
             "num_engine_steps": self.engine.num_steps,
             "timing": {k: self.engine.timing[k] for k in TIMING_KEYS},
+            "execution": {name: dict(r.policy.counts) for name, r in zip(("target", "drafter"), self.engine.runners())},
             **({"adaptive_speculation": self.engine.spec_control.summary()}
                if self.engine.spec_control is not None else {}),
             **({"cuda_graphs": [{"captured": len(r.graphs.graphs), "error": r.graphs.error}

@@ -16,8 +16,8 @@ import torch
 
 from .. import _C
 from .checks import DTYPE_CODES, check_tensor
-from .elementwise import NATIVE_MAX_ROWS
-from .linear import COMPACT_MAX_ROWS, SMALL_M_MAX_ROWS, native_threads
+from .limits import COMPACT_MAX_ROWS, NATIVE_MAX_ROWS, SMALL_M_MAX_ROWS
+from .linear import native_threads
 from .quantized import QuantizedMatrix, weight_format_code
 
 

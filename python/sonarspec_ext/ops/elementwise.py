@@ -6,9 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _C
-
-# Rows up to which the native kernels run (one thread; beyond this torch's are as fast).
-NATIVE_MAX_ROWS = 64
+from .limits import NATIVE_MAX_ROWS
 
 
 def _native(x: torch.Tensor, *others: torch.Tensor) -> bool:

@@ -10,12 +10,10 @@ import torch.nn.functional as F
 
 from .. import _C
 from .checks import DTYPE_CODES, built_with_cutlass, stream_handle
-from .elementwise import NATIVE_MAX_ROWS, silu_and_mul
+from .elementwise import silu_and_mul
+from .limits import COMPACT_MAX_ROWS, NATIVE_MAX_ROWS, SMALL_M_MAX_ROWS
 from .quantized import QuantizedMatrix, weight_format_code
 
-# Largest row count sent to the native small-M kernel on CPU: one pass over the weights
-# serves up to 8 rows; beyond that torch's BLAS GEMM is as fast or faster.
-SMALL_M_MAX_ROWS = 8
 
 # Threads for the native kernel while ``native_gemm_threads`` is active (else torch's).
 _native_threads: ContextVar[Optional[int]] = ContextVar("sonarspec_native_threads", default=None)
@@ -56,10 +54,6 @@ def native_threads() -> int:
     return _native_threads.get() or torch.get_num_threads()
 
 
-# Rows up to which float32 activations against bfloat16 weights ("compact weights", see
-# ``models.loader.load_model``) use the native kernel (bfloat16 dot products); beyond it
-# both operands are widened for torch's GEMM on each call.
-COMPACT_MAX_ROWS = 64
 
 
 def uses_native_gemm(num_rows: int, device: torch.device, dtype: torch.dtype, compact: bool = False) -> bool:

@@ -11,7 +11,8 @@ import torch
 
 from .checks import check_tensor
 from .decoder_stack import DecoderStack
-from .linear import SMALL_M_MAX_ROWS, native_threads
+from .limits import SMALL_M_MAX_ROWS
+from .linear import native_threads
 from .quantized import QuantizedMatrix, weight_format_code
 
 

@@ -20,8 +20,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
+from ..ops.limits import CUDA_GRAPH_MAX_TOKENS
 
-MAX_TOKENS = 64     # batch x queries per sequence of a graphed step
 MAX_GRAPHS = 128    # captured graphs per runner (batch sizes x query counts x key buckets); more run eagerly
 MIN_KEYS = 64       # smallest key bucket
 # masked attention inside a graph: backends whose kernels are captured without host work
@@ -111,7 +111,7 @@ class StepGraphs:
                 or not isinstance(logits_rows, torch.Tensor)):
             return None
         batch, queries = meta.query_index.shape
-        if batch * queries > MAX_TOKENS or batch * queries != input_ids.numel():
+        if batch * queries > CUDA_GRAPH_MAX_TOKENS or batch * queries != input_ids.numel():
             return None
         keys = key_bucket(meta.kv_slots.shape[1])
         shape = (batch, queries, keys, None if features is None else features.shape[-1], logits_rows.numel())

@@ -11,9 +11,6 @@ from .. import _C
 from ..layers.attention import PagedAttentionMetadata
 from .transfer import to_device
 
-# Steps with at most this many query tokens may use the native CPU attention kernel;
-# longer prefills go to torch's SDPA.
-NATIVE_ATTENTION_MAX_TOKENS = 64
 TREE_MAX_NODES = 64   # a tree block is addressed by one 64-bit ancestor mask per query
 
 

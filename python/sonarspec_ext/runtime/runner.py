@@ -8,10 +8,12 @@ import torch
 
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
 from ..models.loader import has_compact_weights
-from ..ops.linear import native_gemm_threads, torch_gemm_threads, uses_native_gemm
+from ..ops.limits import NATIVE_ATTENTION_MAX_TOKENS
+from ..ops.linear import native_gemm_threads, torch_gemm_threads
 from ..ops.stack_drafting import block_table, fits, refill_chain, rows_forward
 from .kv_cache import KVCache
-from .metadata import NATIVE_ATTENTION_MAX_TOKENS, TreeBlock, build_metadata, planner_metadata
+from .execution import ExecutionPolicy
+from .metadata import TreeBlock, build_metadata, planner_metadata
 from .transfer import to_device
 
 
@@ -25,6 +27,7 @@ class ModelRunner:
         self._stack = None   # the model's layers as one native call, built at the first small step
         self._stack_built = False
         self.graphs = None   # engine.cuda_graphs.StepGraphs when small uniform steps run as CUDA graphs
+        self.policy = ExecutionPolicy()   # picks each forward's path and counts them
 
     def stack(self):
         """The model's layers as one native call (``ops.DecoderStack``) on this cache, built
@@ -97,6 +100,7 @@ class ModelRunner:
         if inputs is None:
             return None
         stack, io, row_ids, table, ids, starts, lens = inputs
+        self.policy.record("native_stack")
         with torch.inference_mode(), native_gemm_threads():
             logits, outs = rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size, sliding_window,
                                         None if features is None else features.to(torch.float32))
@@ -115,6 +119,7 @@ class ModelRunner:
         stack, io, row_ids, table, ids, starts, lens = inputs
         if row_ids is not None and steps:   # chain rounds would embed lm_head row indices as tokens
             return None
+        self.policy.record("native_stack")
         with torch.inference_mode(), native_gemm_threads():
             logits, outs, tokens = refill_chain(stack, *io, min(vocab, io[1].shape[0]), ids, starts, lens, table,
                                                 self.kv_cache.page_size, sliding_window, steps,
@@ -132,15 +137,12 @@ class ModelRunner:
         hidden_size) are the per-token hidden-state inputs of an MTP head."""
         graphed = None if self.graphs is None else self.graphs.run(input_ids, positions, meta, logits_indices, features)
         if graphed is not None:   # a graph's static outputs: copied out before its next replay
+            self.policy.record("cuda_graph")
             hidden, logits = graphed
             return logits.clone() if hidden_indices is None else (logits.clone(), hidden[hidden_indices].clone())
-        # float32 CPU steps run natively whatever their size (the stack takes them in slices);
-        # the rest runs torch's kernels with torch's threads
-        native = meta.native is not None and self.device.type == "cpu" and self.dtype == torch.float32
-        stack = self.stack() if native else None
-        small = stack is not None or uses_native_gemm(input_ids.numel(), input_ids.device, self.dtype, self.compact)
+        path, stack = self.policy.choose(self, input_ids.numel(), meta)
         extra = () if features is None else (features,)
-        with native_gemm_threads() if small else torch_gemm_threads():
+        with torch_gemm_threads() if path == "torch_ops" else native_gemm_threads():
             attn = TorchPagedAttention(self.kv_cache, meta, stack)
             hidden = self.model(input_ids, positions, attn, *extra)
             logits = self.model.compute_logits(hidden[logits_indices])

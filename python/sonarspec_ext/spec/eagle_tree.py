@@ -14,7 +14,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..runtime.metadata import NATIVE_ATTENTION_MAX_TOKENS, TreeBlock
+from ..ops.limits import NATIVE_ATTENTION_MAX_TOKENS
+from ..runtime.metadata import TreeBlock
 from .mtp import MTPProposer
 from .proposer import Draft
 from .tree import TreeBuilder, max_expanded
