@@ -51,7 +51,8 @@ def test_gguf_blocks_are_kept_and_close_to_their_float_model(tiny_dir, tmp_path,
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
 def test_every_scheme_is_lossless_on_quantized_weights(fmt):
     """The packaged tiny target quantized at load: draft_target and MTP chains (float and
-    quantized drafters), EAGLE trees and n-gram give its plain greedy tokens (verification rows equal decoding rows bit for bit)."""
+    quantized drafters), EAGLE trees and n-gram give its plain greedy tokens (verification
+    rows equal decoding rows bit for bit)."""
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     prompts = ["def add(a, b):\n    return", "The quick brown fox", "import os\nimport sys\n"]
     plain = LLM("default", quantization=fmt)

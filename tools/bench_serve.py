@@ -102,9 +102,9 @@ def main() -> None:
         startup = time.perf_counter() - t0
         asyncio.run(load(url, 1, 2, 8))   # warm-up
         for c in args.concurrency:
+            measured = asyncio.run(load(url, c, max(args.requests, c), args.max_tokens))
             row = {"spec": spec, "spec_max_batch": args.spec_max_batch, "spec_control": args.spec_control,
-                   "quantization": args.quantization, "startup_s": startup, **asyncio.run(load(url, c, max(args.requests, c),
-                                                                          args.max_tokens))}
+                   "quantization": args.quantization, "startup_s": startup, **measured}
             rows.append(row)
             print(f"{spec:6s} c={c:3d}: {row['requests_per_s']:.2f} req/s, {row['output_tok_s']:.1f} tok/s, "
                   f"per stream {row['per_stream_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_s'] * 1e3:.0f} ms "

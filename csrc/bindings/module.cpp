@@ -168,8 +168,9 @@ int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, int kv_
 void small_gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
                 int num_threads, int weight_format) {
   py::gil_scoped_release release;
-  small_gemm_any(reinterpret_cast<const float*>(x), reinterpret_cast<const void*>(w), weight_format_of(weight_format),
-                 reinterpret_cast<const float*>(bias), reinterpret_cast<float*>(y), m, n, k, num_threads);
+  small_gemm_any(reinterpret_cast<const float*>(x), reinterpret_cast<const void*>(w),
+                 weight_format_of(weight_format), reinterpret_cast<const float*>(bias), reinterpret_cast<float*>(y), m,
+                 n, k, num_threads);
 }
 
 // Returns 0, or kPaddedGemmUnsupported (-1) for a shape the kernel does not take (the
@@ -197,13 +198,15 @@ PYBIND11_MODULE(_C, m) {
                         int64_t inter, int weight_format, int num_threads) {
     py::gil_scoped_release release;
     small_mlp(reinterpret_cast<const float*>(x), reinterpret_cast<const void*>(gate_up),
-              reinterpret_cast<const void*>(down), reinterpret_cast<float*>(y), m, hidden, inter, weight_format_of(weight_format),
-              num_threads);
+              reinterpret_cast<const void*>(down), reinterpret_cast<float*>(y), m, hidden, inter,
+              weight_format_of(weight_format), num_threads);
   }, "Gated SiLU MLP for few rows: small_gemm, silu_and_mul, small_gemm in one call (raw pointers).");
   m.def("set_worker_spin_us", &sonarspec::ThreadPool::set_spin_us,
         "How long idle CPU kernel workers poll for the next call before sleeping (microseconds).");
   m.def("worker_spin_us", &sonarspec::ThreadPool::spin_us, "The current worker polling time (microseconds).");
-  m.def("small_gemm", &small_gemm, "y = x @ w^T (+ bias), float32 x, w in a WeightFormat (float32, bfloat16, packed blocks), few rows of x (raw pointers).");
+  m.def("small_gemm", &small_gemm,
+        "y = x @ w^T (+ bias), float32 x, w in a WeightFormat (float32, bfloat16, packed blocks), few rows of x "
+        "(raw pointers).");
   m.def("padded_gemm_cuda", &padded_gemm_cuda_op,
         "y = x @ w^T (+ bias) with 64-row CUTLASS tiles, 16-bit CUDA tensors (raw pointers); -1: unsupported shape.");
   m.def("kv_store", &kv_store, "Scatter key/value rows into paged pools (raw pointers).");

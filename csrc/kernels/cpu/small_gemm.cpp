@@ -145,7 +145,8 @@ void small_gemm_any(const float* x, const void* w, WeightFormat format, const fl
                     int64_t n, int64_t k, int num_threads) {
   switch (format) {
     case WeightFormat::kF32: return small_gemm(x, static_cast<const float*>(w), bias, y, m, n, k, num_threads);
-    case WeightFormat::kBF16: return small_gemm_bf16w(x, static_cast<const uint16_t*>(w), bias, y, m, n, k, num_threads);
+    case WeightFormat::kBF16:
+      return small_gemm_bf16w(x, static_cast<const uint16_t*>(w), bias, y, m, n, k, num_threads);
     default: return quant_gemm(x, static_cast<const uint8_t*>(w), format, bias, y, m, n, k, num_threads);
   }
 }

@@ -205,7 +205,8 @@ class GGUFCheckpoint:
         fmt = own if quantization == "file" else quantization
         rows, cols = (int(d) for d in reversed(t.shape.tolist()))
         if own == fmt:
-            blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(rows, -1))   # a copy: the file is mapped read-only
+            # a copy: the file is mapped read-only
+            blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(rows, -1))
             if heads is not None:
                 blocks = unpermute_rotary(blocks, heads)
             return QuantizedMatrix.from_blocks(blocks.numpy(), fmt, cols)
