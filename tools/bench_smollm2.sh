@@ -23,6 +23,11 @@ sonarspec bench --spec quantized --model smollm2 --mtp-ks 2 --max-tokens 128 --r
   --json "$OUT/smollm2_quantized.json"
 sonarspec bench --spec all --model smollm2 --quantization auto --draft none --mtp "$HEAD" --mtp-ks 1 2 3 \
   --batch-sizes 1 --repeats 3 --max-tokens 128 --no-transformers --json "$OUT/smollm2_spec_q4_1.json"
+for q in none auto; do
+  sonarspec bench --spec all --model smollm2 --quantization "$q" --draft none --mtp "$HEAD" --mtp-ks 1 2 3 \
+    --batch-sizes 1 --temperature 0.7 --repeats 3 --max-tokens 128 --no-transformers \
+    --json "$OUT/smollm2_spec_t07_$q.json"
+done
 python tools/bench_verify_cost.py --model smollm2 --quantization auto --rounds 3 \
   --json "$OUT/smollm2_verify_cost_q4_1.json"
 python tools/bench_serve.py --model smollm2 --specs none mtp --concurrency 1 4 16 --requests 16 --max-tokens 96 \
