@@ -78,6 +78,30 @@ async def load(url, concurrency, requests, max_tokens):
             "itl_p50_s": pct(itl, 0.5), "itl_p99_s": pct(itl, 0.99)}
 
 
+def plot(rows, path: str) -> bool:
+    """Output tokens/s and ITL p50 vs concurrency, one line per spec; False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for spec in dict.fromkeys(r["spec"] for r in rows):
+        mine = [r for r in rows if r["spec"] == spec]
+        cs = [r["concurrency"] for r in mine]
+        a.plot(cs, [r["output_tok_s"] for r in mine], marker="o", label=spec)
+        b.plot(cs, [r["itl_p50_s"] * 1e3 for r in mine], marker="o", label=spec)
+    for ax, title in ((a, "output tokens/s"), (b, "inter-token latency p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streaming clients")
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
@@ -91,6 +115,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--spec-max-batch", type=int, default=None, help="the server's load control (serve's flag)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None, help="PNG of throughput and ITL vs concurrency (needs matplotlib)")
     args = ap.parse_args()
     rows = []
     for spec in args.specs:
@@ -122,6 +147,8 @@ def main() -> None:
         with open(args.json, "w") as fh:
             json.dump({"model": args.model, "max_tokens": args.max_tokens, "spec_max_batch": args.spec_max_batch,
                        "rows": rows}, fh, indent=1)
+    if args.plot and not plot(rows, args.plot):
+        print("bench_serve: matplotlib is not installed; no chart written")
 
 
 if __name__ == "__main__":

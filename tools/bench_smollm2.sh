@@ -35,4 +35,5 @@ python tools/bench_serve.py --model smollm2 --specs none mtp --concurrency 1 4 1
 python tools/bench_serve.py --model smollm2 --specs mtp --concurrency 1 4 16 --requests 16 --max-tokens 96 \
   --spec-max-batch 1 --json "$OUT/smollm2_serve_load_control.json"
 python tools/bench_serve.py --model smollm2 --quantization auto --spec-control adaptive --specs none mtp \
-  --concurrency 1 4 16 64 --requests 64 --max-tokens 96 --json "$OUT/smollm2_serve_q4_1.json"
+  --concurrency 1 4 16 64 --requests 64 --max-tokens 96 --json "$OUT/smollm2_serve_q4_1.json" \
+  --plot "$OUT/smollm2_serve_q4_1.png"
