@@ -37,3 +37,5 @@ python tools/bench_serve.py --model smollm2 --specs mtp --concurrency 1 4 16 --r
 python tools/bench_serve.py --model smollm2 --quantization auto --spec-control adaptive --specs none mtp \
   --concurrency 1 4 16 64 --requests 64 --max-tokens 96 --json "$OUT/smollm2_serve_q4_1.json" \
   --plot "$OUT/smollm2_serve_q4_1.png"
+python tools/bench_scaling.py --quantization auto --json "$OUT/smollm2_scaling_q4_1.json" \
+  --plot "$OUT/smollm2_scaling_q4_1.png"
