@@ -150,7 +150,8 @@ class Engine:
         self._next_plan = None   # PlanHandle of the step planned ahead (async_planning)
         self.step_context = StepContext()   # the running step's, handed to the proposer after it
         speculating = self.spec.method != "none"
-        self.spec_control = BatchSpeculationControl() if c.adaptive_speculation and speculating else None
+        self.spec_control = (BatchSpeculationControl(modes=self._adaptive_modes())
+                             if c.adaptive_speculation and speculating else None)
         self.num_steps = 0
         self.finished = RequestTotals()   # statistics of finished requests, as running totals
         # wraps the region of the single-token MTP schedule that must not wait for the host
@@ -216,6 +217,12 @@ class Engine:
         return self.seqs.pop(seq_id)
 
     # ---- one step -------------------------------------------------------------------
+    def _adaptive_modes(self) -> tuple:
+        """Draft lengths adaptive speculation chooses among: chains from the configured
+        length down to 1 (trees: 1, their own shape); and 0, plain decoding."""
+        k = self.proposer.max_draft_tokens
+        return (1, 0) if self.spec.method == "eagle_tree" or k < 1 else tuple(range(k, -1, -1))
+
     def _num_drafts(self, seq: Sequence) -> int:
         """Draft length for a decoding sequence: never past the context or max_tokens."""
         room = min(self.max_model_len - seq.num_tokens - 1, seq.params.max_tokens - len(seq.output_ids) - 1)
@@ -279,7 +286,8 @@ class Engine:
                                         or (control is not None and not control.speculate))
         before = sum(seq.num_tokens for seq in decoding)
         decode = [] if self.step_context.paused else [seq for seq in decoding if self.proposer.ready(seq)]
-        ks = [self._num_drafts(seq) for seq in decode]
+        cap = control.mode if control is not None else self.proposer.max_draft_tokens
+        ks = [min(cap, self._num_drafts(seq)) for seq in decode]
         t1 = time.perf_counter()
         drafts = dict(zip((s.seq_id for s in decode), self.proposer.propose(decode, ks)))
         t2 = time.perf_counter()
