@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bf16_dot.h"
+#include "vec.h"   // env_flag
 
 #if defined(__x86_64__) && defined(__linux__)
 #include <cpuid.h>
@@ -54,11 +55,6 @@ void amx_pack_rows(const uint16_t* xb, int64_t ldx, int64_t m, int64_t k, uint16
 #define AMX_ATTR __attribute__((target("amx-tile,amx-bf16")))
 
 namespace {
-
-[[maybe_unused]] bool env_set(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && v[0] != '\0' && v[0] != '0';
-}
 
 struct TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -178,7 +174,7 @@ AMX_ATTR void unit_all_groups(const Problem& p, const uint16_t* w, int64_t lda, 
 
 bool amx_available() {
   static const bool yes = [] {
-    if (!bf16_dot_available() || env_set("SONARSPEC_NO_AMX")) return false;
+    if (!bf16_dot_available() || env_flag("SONARSPEC_NO_AMX")) return false;
     unsigned eax, ebx, ecx, edx;
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
     const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "vec.h"   // env_flag
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -29,10 +31,7 @@ void round_rows_scalar(const float* x, uint16_t* xb, int64_t m, int64_t k, int64
   }
 }
 
-[[maybe_unused]] bool fallback_forced() {
-  const char* v = std::getenv("SONARSPEC_NO_BF16_DOT");
-  return v != nullptr && v[0] != '\0' && v[0] != '0';
-}
+[[maybe_unused]] bool fallback_forced() { return env_flag("SONARSPEC_NO_BF16_DOT"); }
 
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include "kv_convert.h"   // half_to_float
 #include "quant_kernels.h"
 #include "split_columns.h"
+#include "vec.h"   // env_flag
 
 namespace sonarspec {
 namespace {
@@ -44,11 +45,6 @@ QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, RowBuffers& bu
   r.k = k;
   r.kb = kb;
   return r;
-}
-
-bool env_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' && std::string(v) != "0";
 }
 
 }  // namespace
@@ -120,7 +116,7 @@ bool vnni_available() {
 #if defined(__x86_64__)
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-                          __builtin_cpu_supports("f16c") && !env_off("SONARSPEC_NO_VNNI");
+                          __builtin_cpu_supports("f16c") && !env_flag("SONARSPEC_NO_VNNI");
   return yes;
 #else
   return false;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -18,6 +19,13 @@ inline float bf16_to_float(uint16_t bits) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
+}
+
+// Whether the environment variable `name` is set to something other than empty or "0..."
+// (the SONARSPEC_NO_* switches).
+inline bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
 }
 
 // Dot product with four independent accumulators (lets the compiler vectorise).
