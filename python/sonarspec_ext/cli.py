@@ -51,10 +51,11 @@ def _make_llm(args):
     k = args.num_draft_tokens or _recommended_draft_tokens(args.model, method, args.draft)
     spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=k,
                       tree_top_k=args.tree_top_k, tree_num_nodes=args.tree_nodes)
-    load = {} if getattr(args, "spec_max_batch", None) is None else {"spec_max_batch": args.spec_max_batch}
-    load["adaptive_speculation"] = args.spec_control == "adaptive"
+    options = {"adaptive_speculation": args.spec_control == "adaptive"}
+    if getattr(args, "spec_max_batch", None) is not None:
+        options["spec_max_batch"] = args.spec_max_batch
     llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
-              quantization=args.quantization, **load)
+              quantization=args.quantization, **options)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
     return llm, params, method

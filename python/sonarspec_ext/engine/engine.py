@@ -284,7 +284,7 @@ class Engine:
         control = self.spec_control.for_batch(len(decoding)) if self.spec_control is not None else None
         self.step_context = StepContext(paused=(limit is not None and len(decoding) > limit)
                                         or (control is not None and not control.speculate))
-        before = sum(seq.num_tokens for seq in decoding)
+        before = sum(seq.num_tokens for seq in decoding) if control is not None else 0
         decode = [] if self.step_context.paused else [seq for seq in decoding if self.proposer.ready(seq)]
         cap = control.mode if control is not None else self.proposer.max_draft_tokens
         ks = [min(cap, self._num_drafts(seq)) for seq in decode]

@@ -181,16 +181,22 @@ class GGUFCheckpoint:
             heads = None
             if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
-            quantize = (quantization != "none" and _is_matrix(name, cfg)
-                        and (quantization != "file" or format_of_gguf_type(t.tensor_type.name) is not None))
+            own = format_of_gguf_type(t.tensor_type.name)
+            quantize = quantization != "none" and _is_matrix(name, cfg) and (quantization != "file" or own is not None)
+            w = None
             if quantize:
+                fmt = own if quantization == "file" else quantization
+                if own == fmt:   # the file's blocks, rows unpermuted like the values'
+                    qm = QuantizedMatrix.from_blocks(self._blocks(gguf_name, heads), fmt, shape[1])
+                else:
+                    w = self._values(gguf_name, heads)
+                    qm = QuantizedMatrix.quantize(w, fmt)
                 qname = "lm_head.weight" if name == "model.embed_tokens.weight" else name
-                state[qname] = self._quantized(gguf_name, quantization, heads)
+                state[qname] = qm
                 if qname == name:
                     continue
-            w = torch.from_numpy(self.tensor(gguf_name))
-            if heads is not None:
-                w = unpermute_rotary(w, heads)
+            if w is None:
+                w = self._values(gguf_name, heads)
             keep = compact and w.dim() == 2 and not quantize
             state[name] = w.to(torch.bfloat16 if keep else dtype)
         missing = [n for n in expected if n not in state and not (n == "lm_head.weight" and cfg.tie_word_embeddings)]
@@ -199,19 +205,17 @@ class GGUFCheckpoint:
                                   + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
         return state
 
-    def _quantized(self, gguf_name: str, quantization: str, heads: Optional[int]) -> QuantizedMatrix:
-        t = self.tensors[gguf_name]
-        own = format_of_gguf_type(t.tensor_type.name)
-        fmt = own if quantization == "file" else quantization
-        rows, cols = (int(d) for d in reversed(t.shape.tolist()))
-        if own == fmt:
-            # a copy: the file is mapped read-only
-            blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(rows, -1))
-            if heads is not None:
-                blocks = unpermute_rotary(blocks, heads)
-            return QuantizedMatrix.from_blocks(blocks.numpy(), fmt, cols)
+    def _values(self, gguf_name: str, heads: Optional[int]) -> torch.Tensor:
+        """A tensor dequantized to float32, Q/K rows unpermuted when ``heads`` is given."""
         w = torch.from_numpy(self.tensor(gguf_name))
-        return QuantizedMatrix.quantize(unpermute_rotary(w, heads) if heads is not None else w, fmt)
+        return w if heads is None else unpermute_rotary(w, heads)
+
+    def _blocks(self, gguf_name: str, heads: Optional[int]) -> np.ndarray:
+        """A quantized tensor's raw blocks (rows, bytes per row), rows unpermuted like ``_values``."""
+        t = self.tensors[gguf_name]
+        rows = int(t.shape.tolist()[-1])
+        blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(rows, -1))   # a copy: mapped read-only
+        return (blocks if heads is None else unpermute_rotary(blocks, heads)).numpy()
 
     def file_formats(self, cfg: ModelConfig) -> set:
         """The native formats (or GGUF type names where there is none) of the layers' matrices."""

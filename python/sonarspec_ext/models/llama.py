@@ -86,8 +86,9 @@ def _fuse(linears):
     for m in linears:
         rows = m.weight.shape[0]
         if quantized:
-            if row % 16 == 0 and (rows % 16 == 0 or row + rows == weight.shape[0]):
-                m.weight = weight.row_range(row, row + rows)
+            view = weight.row_view(row, row + rows)
+            if view is not None:
+                m.weight = view
         else:
             m.weight = nn.Parameter(weight[row:row + rows], requires_grad=False)
         if bias is not None:

@@ -9,7 +9,7 @@ permutation (``to_blocks`` gives the GGUF blocks back exactly), so ``dequantize`
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -124,14 +124,14 @@ class QuantizedMatrix:
             raise ValueError(f"row indices must be non-empty and lie in [0, {self.shape[0]})")
         return QuantizedMatrix.from_blocks(self.to_blocks()[rows], self.format, self.shape[1])
 
-    def row_range(self, begin: int, end: int) -> "QuantizedMatrix":
-        """Rows [begin, end): a view of the packed bytes when both lie on 16-row groups
-        (or end is the last row), else a copy."""
+    def row_view(self, begin: int, end: int) -> Optional["QuantizedMatrix"]:
+        """Rows [begin, end) as a view of the packed bytes, or None where they do not lie on
+        16-row groups (end may be the last row)."""
         n, k = self.shape
-        if begin % 16 == 0 and (end % 16 == 0 or end == n) and 0 <= begin < end <= n:
-            group = self.data.numel() // -(-n // 16)
-            return QuantizedMatrix(self.data[begin // 16 * group:-(-end // 16) * group], self.format, (end - begin, k))
-        return self.select_rows(torch.arange(begin, end))
+        if not (begin % 16 == 0 and (end % 16 == 0 or end == n) and 0 <= begin < end <= n):
+            return None
+        group = self.data.numel() // -(-n // 16)
+        return QuantizedMatrix(self.data[begin // 16 * group:-(-end // 16) * group], self.format, (end - begin, k))
 
     @staticmethod
     def cat(mats: Sequence["QuantizedMatrix"]) -> "QuantizedMatrix":
