@@ -158,3 +158,7 @@ def test_bad_shapes_and_formats_raise():
         qm.select_rows(torch.tensor([16]))
     with pytest.raises(ValueError, match="invalid weight format"):
         _C.small_gemm(0, 0, 0, 0, 1, 1, 32, 1, 9)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        _C.quant_packed_bytes(2, 16, 48)
+    with pytest.raises(ValueError, match="n >= 1"):
+        _C.quant_packed_bytes(2, -16, 64)

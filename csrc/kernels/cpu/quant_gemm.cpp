@@ -109,6 +109,9 @@ void quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, Weig
 
 int64_t quant_packed_bytes(WeightFormat format, int64_t n, int64_t k) {
   if (!is_quantized(format)) throw std::invalid_argument("quant_packed_bytes: not a quantized format");
+  if (n <= 0 || k <= 0 || k % 32 != 0) {
+    throw std::invalid_argument("quant_packed_bytes: needs n >= 1 and k a positive multiple of 32");
+  }
   return (n + 15) / 16 * (k / 32) * quant_block_bytes(format);
 }
 
