@@ -62,6 +62,21 @@ def test_mtp_chains_equal_round_by_round(llama_dir, heads, which, k, monkeypatch
     assert a == b and out_a == out_b
 
 
+def test_mtp_chains_over_a_draft_vocabulary_equal_round_by_round(llama_dir, heads, tmp_path, monkeypatch):
+    """A head proposing from a draft vocabulary: the native chain embeds the token of each
+    picked lm_head row, as the rounds one by one do."""
+    from mtp_fixtures import save
+    from sonarspec_ext.models.loader import load_model
+    from sonarspec_ext.models.mtp_loader import load_mtp_head
+    head = load_mtp_head(heads["trained"], load_model(llama_dir))
+    head.set_draft_vocab(torch.arange(0, 256, 2))
+    spec = SpecConfig(method="mtp", draft=save(head, str(tmp_path / "vocab")), num_draft_tokens=3)
+    a, out_a, used = _drafts(llama_dir, spec, PROMPTS, True, monkeypatch)
+    b, out_b, _ = _drafts(llama_dir, spec, PROMPTS, False, monkeypatch)
+    assert any(used), "the native chain never ran"
+    assert a == b and out_a == out_b
+
+
 @pytest.mark.parametrize("fixture", ["draft_dir", "padded_draft_dir", "mistral_dir"])
 def test_draft_model_chains_equal_round_by_round(llama_dir, mistral_dir, request, fixture, monkeypatch):
     target = mistral_dir if fixture == "mistral_dir" else llama_dir
@@ -184,8 +199,9 @@ def test_refill_chain_equals_rows_forward_then_top_token_then_chain(method):
     ref_logits, ref_outputs = runner._native_rows(rows, None, feats)
     first = ref_logits.argmax(-1)
     positions = torch.tensor([start + len(toks) for start, toks, _ in rows])
-    ref_chain, _ = chain(runner.stack(), *runner.model.drafting_io(), 8192, first, positions,
+    embed, lm_head, row_ids = runner.model.drafting_io()
+    ref_chain, _ = chain(runner.stack(), embed, lm_head, 8192, first, positions,
                          block_table([t for *_, t in rows]), runner.kv_cache.page_size, None, 3,
-                         ref_outputs if method == "mtp" else None)
+                         ref_outputs if method == "mtp" else None, row_ids=row_ids)
     assert torch.equal(logits, ref_logits) and torch.equal(outputs, ref_outputs)
     assert torch.equal(tokens[:, 0], first) and torch.equal(tokens[:, 1:], ref_chain)

@@ -18,6 +18,10 @@ struct StackIO {
   WeightFormat lm_head_format = WeightFormat::kF32;
   int64_t lm_rows = 0;
   int64_t embed_rows = 0;  // rows of embed: input tokens must lie below (>= lm_rows for chains)
+  // The token of each lm_head row (lm_rows entries) when the lm_head holds only some rows
+  // of the vocabulary (a draft vocabulary); null: row r is token r. Chains embed and
+  // return tokens, so they map the row they pick through it.
+  const int64_t* row_tokens = nullptr;
   const int64_t* block_table = nullptr;  // (batch, max_pages): row b holds sequence b's pages
   int64_t batch = 0, max_pages = 0, page_size = 0;
   int64_t window = 0;  // sliding window (0: none): keys [max(0, p + 1 - window), p + 1)
@@ -48,7 +52,8 @@ struct ChainSampling {
 // Chain drafting: `steps` rounds of one token per sequence at positions[b] + round (input
 // tokens[b] in round 0, then each round's token; an MTP head's features are features[b] in
 // round 0, then its own outputs). Without `sampling` (null) the token is the first maximum
-// among the first `vocab` logits, as torch.argmax. out_tokens: (batch, steps).
+// among the first `vocab` logits, as torch.argmax (the row picked or drawn mapped through
+// io.row_tokens when set; probs then stay per lm_head row). out_tokens: (batch, steps).
 void stack_chain(const DecoderStackWeights& weights, const DecoderShape& shape, const StackIO& io, int64_t vocab,
                  const int64_t* tokens, const float* features, const int64_t* positions, int64_t batch, int64_t steps,
                  const ChainSampling* sampling, int64_t* out_tokens, int num_threads);
@@ -56,7 +61,7 @@ void stack_chain(const DecoderStackWeights& weights, const DecoderShape& shape, 
 // A drafter's refill and its next chain in one call: stack_rows_forward over the rows
 // (features as there: an MTP head's target features, else null; out_logits (batch,
 // lm_rows) and out_features (batch, hidden) after each row's last token), then per row the
-// top token among the first `vocab` logits and `steps` greedy chain rounds from it at
+// top token among the first `vocab` logits (through io.row_tokens) and `steps` greedy chain rounds from it at
 // position starts[b] + lens[b] (an MTP head starting from out_features[b]). out_tokens:
 // (batch, 1 + steps). The same results as the two calls in turn with the top token taken
 // in between.

@@ -59,6 +59,9 @@ struct Step {
   }
 };
 
+// The token of lm_head row `row`.
+int64_t row_token(const StackIO& io, int64_t row) { return io.row_tokens != nullptr ? io.row_tokens[row] : row; }
+
 void lm_head(const StackIO& io, const float* h, float* logits, int64_t rows, int64_t hidden, int num_threads) {
   small_gemm_any(h, io.lm_head, io.lm_head_format, nullptr, logits, rows, io.lm_rows, hidden, num_threads);
 }
@@ -117,6 +120,7 @@ void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const Stac
           q[tok] = 1.f;
         }
       }
+      tok = row_token(io, tok);
       next[b] = tok;
       out_tokens[b * steps + r] = tok;
     }
@@ -131,7 +135,7 @@ void stack_refill_chain(const DecoderStackWeights& w, const DecoderShape& s, con
   stack_rows_forward(w, s, io, tokens, features, starts, lens, batch, out_logits, out_features, num_threads);
   std::vector<int64_t> first(batch), positions(batch), rest(static_cast<size_t>(batch * steps));
   for (int64_t b = 0; b < batch; ++b) {
-    first[b] = top_token(out_logits + b * io.lm_rows, vocab);
+    first[b] = row_token(io, top_token(out_logits + b * io.lm_rows, vocab));
     positions[b] = starts[b] + lens[b];
   }
   stack_chain(w, s, io, vocab, first.data(), features != nullptr ? out_features : nullptr, positions.data(), batch,

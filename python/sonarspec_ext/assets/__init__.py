@@ -7,6 +7,7 @@ import os
 
 NAMES = ("target", "draft", "mtp")
 HEADS = ("smollm2_mtp",)   # packaged MTP heads of installable models, matched by target fingerprint
+DRAFTS = ("smollm2_draft",)   # packaged draft models of installable models, matched the same way
 
 # name -> (Python package that ships the file, file inside it, pip command that installs it)
 INSTALLED_MODELS = {
@@ -25,8 +26,8 @@ def path(name: str) -> str:
 
 
 def installed_head(name: str):
-    """(directory, target fingerprint) of a packaged head for an installable model, or None
-    when this installation does not hold it."""
+    """(directory, target fingerprint) of a packaged head or draft model for an installable
+    model, or None when this installation does not hold it."""
     import json
     d = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
     try:

@@ -149,6 +149,16 @@ def native_stack(layers, kv_cache, rotary: RotaryEmbedding, final_norm: Optional
         return None
 
 
+def vocab_logits(row_logits: torch.Tensor, row_ids: Optional[torch.Tensor], vocab_size: int) -> torch.Tensor:
+    """Logits over the lm_head rows ``row_ids`` (a draft vocabulary) as logits over the whole
+    vocabulary, -inf elsewhere; ``row_ids`` None: already whole."""
+    if row_ids is None:
+        return row_logits
+    out = row_logits.new_full((row_logits.shape[0], vocab_size), float("-inf"))
+    out[:, row_ids] = row_logits
+    return out
+
+
 class LlamaBackbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -167,6 +177,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings,
                                       cfg.rope_theta, cfg.rope_scaling)
+        self.draft_vocab: Optional[torch.Tensor] = None   # token ids of the lm_head's rows (None: all)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionBackend) -> torch.Tensor:
@@ -186,13 +197,28 @@ class LlamaForCausalLM(nn.Module):
         ``native_stack``)."""
         return native_stack(self.model.layers, kv_cache, self.rotary, self.model.norm)
 
-    def drafting_io(self):
-        """(embedding, lm_head) weights, for drafting natively with the stack."""
-        return self.model.embed_tokens.weight, self.lm_head.weight
+    def use_draft_vocab(self, token_ids: torch.Tensor, lm_head_rows) -> None:
+        """A draft model proposing only ``token_ids``: its lm_head becomes ``lm_head_rows``
+        (those rows of a full lm_head, a tensor or quantized) and its logits are -inf
+        elsewhere. Inference only."""
+        if token_ids.dim() != 1 or token_ids.shape[0] != lm_head_rows.shape[0]:
+            raise ValueError(f"a draft vocabulary of {token_ids.shape[0]} tokens needs as many lm_head rows, "
+                             f"got {lm_head_rows.shape[0]}")
+        if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= self.config.vocab_size):
+            raise ValueError(f"draft vocabulary ids must lie in [0, {self.config.vocab_size})")
+        self.lm_head = Linear(self.config.hidden_size, token_ids.shape[0], bias=False)
+        del self.lm_head._parameters["weight"]
+        self.lm_head.weight = lm_head_rows
+        self.draft_vocab = token_ids.to(torch.long).contiguous()
 
-    def refill_io(self):
-        """``drafting_io`` plus None: every lm_head row is its own token (see ``MTPHead.refill_io``)."""
-        return (*self.drafting_io(), None)
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def drafting_io(self):
+        """(embedding, lm_head weights, the token of each lm_head row or None: row r is token
+        r), for drafting natively with the stack."""
+        return self.model.embed_tokens.weight, self.lm_head.weight, self.draft_vocab
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -207,4 +233,4 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(num_selected, hidden_size) -> float32 logits (num_selected, vocab_size)."""
-        return self.lm_head(hidden).float()
+        return vocab_logits(self.lm_head(hidden).float(), self.draft_vocab, self.config.vocab_size)

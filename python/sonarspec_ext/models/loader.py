@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -20,6 +20,9 @@ from .llama import LlamaForCausalLM
 from .tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+SHARED_KEYS = ("model.embed_tokens.weight", "lm_head.weight")   # what a draft sharing its target's embedding omits
 
 
 def parse_dtype(dtype) -> torch.dtype:
@@ -151,7 +154,7 @@ def resolve_quantization(quantization: str, path: str, device="cpu", dtype=torch
 
 
 def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool = True,
-               quantization: str = "none") -> LlamaForCausalLM:
+               quantization: str = "none", embedding: Optional[torch.Tensor] = None) -> LlamaForCausalLM:
     """Build a model from an HF-format directory or a GGUF file (quantized tensors are
     dequantized at load); parameters land directly in ``dtype``.
 
@@ -166,11 +169,16 @@ def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool =
     ``quantization`` (``resolve_quantization``): the projections and the lm_head as
     ``ops.quantized.QuantizedMatrix`` (a tied lm_head gets its own quantized copy of the
     embedding, which stays float32 for lookups); the native GEMM quantizes activations to
-    int8 per block of 32. Quantized models are inference-only."""
+    int8 per block of 32. Quantized models are inference-only.
+
+    ``embedding``: the token embedding (and tied lm_head) of a checkpoint that leaves them
+    out - a draft model sharing its target's (``models.draft_llm``); used by reference."""
     torch_dtype = parse_dtype(dtype)
     compact = compact_weights and torch_dtype == torch.float32 and torch.device(device).type == "cpu"
     quant = resolve_quantization(quantization, path, device, dtype)
     f = gguf_file(path)
+    if f and embedding is not None:
+        raise CheckpointError(f"{f}: a GGUF checkpoint holds its own embedding (only model directories share one)")
     if f:
         ckpt = open_gguf(f)
         cfg = ckpt.config()
@@ -180,10 +188,20 @@ def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool =
         if not os.path.isdir(path):
             raise CheckpointError(f"{path}: model directory or GGUF file not found")
         cfg = ModelConfig.from_dir(path)
+        if embedding is not None:   # no lm_head of its own: tied until its user binds one
+            cfg.tie_word_embeddings = True
         model, expected = _empty_model(cfg)
+        if embedding is not None:
+            if tuple(embedding.shape) != tuple(expected["model.embed_tokens.weight"]):
+                raise CheckpointError(f"{path}: the shared embedding has shape {list(embedding.shape)}, the model "
+                                      f"needs {list(expected['model.embed_tokens.weight'])}")
+            for name in SHARED_KEYS:
+                expected.pop(name, None)
         state = load_state(path, expected, torch_dtype, keep_bf16_matrices=compact and quant == "none")
         if quant != "none":
             _quantize_matrices(state, cfg, quant)
+        if embedding is not None:
+            state["model.embed_tokens.weight"] = embedding
     quantized = {n: state.pop(n) for n in list(state) if isinstance(state[n], QuantizedMatrix)}
     if cfg.tie_word_embeddings and "lm_head.weight" not in quantized:
         state.pop("lm_head.weight", None)
@@ -207,7 +225,7 @@ def _quantize_matrices(state: Dict[str, torch.Tensor], cfg: ModelConfig, fmt: st
     for name in list(state):
         if name.endswith("_proj.weight") or name == "lm_head.weight":
             state[name] = QuantizedMatrix.quantize(state[name], fmt)
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and "model.embed_tokens.weight" in state:
         state["lm_head.weight"] = QuantizedMatrix.quantize(state["model.embed_tokens.weight"], fmt)
 
 

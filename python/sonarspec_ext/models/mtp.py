@@ -26,7 +26,7 @@ from ..ops.quantized import float_weight, rows_of
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
-from .llama import LlamaDecoderLayer, native_stack
+from .llama import LlamaDecoderLayer, native_stack, vocab_logits
 
 LAYOUTS = ("rmsnorm", "eagle1")
 
@@ -103,20 +103,13 @@ class MTPHead(nn.Module):
         return native_stack([self.layer], kv_cache, self.rotary, self.norm, (self.enorm, self.hnorm, self.fc))
 
     def drafting_io(self):
-        """(embedding, lm_head) weights of the target, for drafting natively with the stack;
-        None with a draft vocabulary (its logits are -inf outside it)."""
-        if self._shared is None or self.draft_vocab is not None:
-            return None
-        return self._shared[0].weight, self._shared[1].weight
-
-    def refill_io(self):
-        """(embedding, lm_head rows, their token ids or None) for native re-runs whose inputs
-        are real tokens: with a draft vocabulary, only its rows of the lm_head (the caller
-        maps row indices back to token ids); else ``drafting_io`` with None."""
+        """(embedding, lm_head weights, their token ids or None) of the target, for drafting
+        natively with the stack: with a draft vocabulary, only its rows of the lm_head and
+        the token of each row; else the whole lm_head and None. None before ``bind``."""
         if self._shared is None:
             return None
         if self.draft_vocab is None:
-            return (*self.drafting_io(), None)
+            return self._shared[0].weight, self._shared[1].weight, None
         return self._shared[0].weight, self._draft_lm_head, self.draft_vocab
 
     @property
@@ -128,9 +121,7 @@ class MTPHead(nn.Module):
         draft vocabulary when one is set)."""
         if self.draft_vocab is None or torch.is_grad_enabled():
             return self._shared[1](features).float()
-        out = features.new_full((features.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)
-        out[:, self.draft_vocab] = padded_linear(features, self._draft_lm_head).float()
-        return out
+        return vocab_logits(padded_linear(features, self._draft_lm_head).float(), self.draft_vocab, self.vocab_size)
 
     def training_logits(self, features: torch.Tensor, vocab_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(n, hidden) -> float32 logits over ``vocab_ids`` (all tokens when None) for

@@ -32,7 +32,7 @@ def block_table(tables) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def _check_weights(stack: DecoderStack, embed, lm_head) -> None:
+def _check_weights(stack: DecoderStack, embed, lm_head, row_ids: Optional[torch.Tensor]) -> None:
     for name, t in (("embed", embed), ("lm_head", lm_head)):
         if not (name == "lm_head" and isinstance(t, QuantizedMatrix)):
             check_tensor(name, t, dtypes=(torch.float32, torch.bfloat16), ndim=2, device=torch.device("cpu"))
@@ -40,16 +40,25 @@ def _check_weights(stack: DecoderStack, embed, lm_head) -> None:
             raise ValueError(f"{name} has shape {list(t.shape)}, expected [rows, {stack.hidden}]")
     if embed.shape[0] < lm_head.shape[0]:
         raise ValueError(f"embed ({embed.shape[0]} rows) must cover the lm_head's {lm_head.shape[0]} rows")
+    if row_ids is not None:
+        check_tensor("row_ids", row_ids, dtypes=(torch.int64,), ndim=1, device=torch.device("cpu"))
+        if row_ids.shape[0] != lm_head.shape[0]:
+            raise ValueError(f"row_ids has {row_ids.shape[0]} entries, expected one per lm_head row "
+                             f"({lm_head.shape[0]})")
+        if row_ids.numel() and (int(row_ids.min()) < 0 or int(row_ids.max()) >= embed.shape[0]):
+            raise ValueError(f"row_ids must lie in [0, {embed.shape[0]}) (the embedding's rows)")
 
 
 def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window: int, rows: int,
-        features: Optional[torch.Tensor], num_tokens: int):
-    """Validated native arguments shared by both calls, plus contiguous features. The
-    weights are checked at their first call with this stack (they are the drafter's)."""
+        features: Optional[torch.Tensor], num_tokens: int, row_ids: Optional[torch.Tensor] = None):
+    """Validated native arguments shared by the calls, plus contiguous features. The
+    weights (and ``row_ids``, the token of each lm_head row, None: row r is token r) are
+    checked at their first call with this stack (they are the drafter's)."""
     checked = stack._checked_io
-    if checked is None or checked[0] is not embed or checked[1] is not lm_head:
-        _check_weights(stack, embed, lm_head)
-        stack._checked_io = (embed, lm_head)
+    if checked is None or checked[0] is not embed or checked[1] is not lm_head or checked[2] is not row_ids:
+        _check_weights(stack, embed, lm_head, row_ids)
+        stack._checked_io = (embed, lm_head, row_ids if row_ids is None else row_ids.contiguous())
+    row_ids = stack._checked_io[2]
     if not fits(stack, lm_head, rows, num_tokens):
         raise ValueError(f"DecoderStack drafting runs 1..{stack.max_rows} tokens at once and a float32 lm_head at "
                          f"most {SMALL_M_MAX_ROWS} rows, got {num_tokens} tokens in {rows} rows")
@@ -64,7 +73,8 @@ def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window
         if features.shape != (num_tokens, stack.hidden):
             raise ValueError(f"features have shape {list(features.shape)}, expected [{num_tokens}, {stack.hidden}]")
     args = (embed.data_ptr(), embed.dtype == torch.bfloat16, lm_head.data_ptr(), weight_format_code(lm_head),
-            lm_head.shape[0], block_table.data_ptr(), block_table.shape[1], page_size, window or 0, embed.shape[0])
+            lm_head.shape[0], block_table.data_ptr(), block_table.shape[1], page_size, window or 0, embed.shape[0],
+            0 if row_ids is None else row_ids.data_ptr())
     return args, features
 
 
@@ -88,14 +98,14 @@ def _rows(tokens: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> Tup
 
 def rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, tokens: torch.Tensor,
                  starts: torch.Tensor, lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
-                 window: Optional[int] = None, features: Optional[torch.Tensor] = None
-                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+                 window: Optional[int] = None, features: Optional[torch.Tensor] = None,
+                 row_ids: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rows of tokens (row b: ``lens[b]`` of the packed ``tokens`` at positions
     ``starts[b]``...; its KV through ``block_table[b]``; an MTP head reads ``features``
     (num_tokens, hidden)) -> (float32 logits (rows, lm_head rows), stack outputs (rows,
     hidden)) at each row's last token. The new tokens' K/V are written to the pools."""
     B, T = _rows(tokens, starts, lens)
-    args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, T)
+    args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, T, row_ids)
     logits = torch.empty(B, lm_head.shape[0], dtype=torch.float32)
     out = torch.empty(B, stack.hidden, dtype=torch.float32)
     try:
@@ -109,16 +119,19 @@ def rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor
 
 def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, tokens: torch.Tensor,
           positions: torch.Tensor, block_table: torch.Tensor, page_size: int, window: Optional[int], steps: int,
-          features: Optional[torch.Tensor] = None, sampling: Optional[tuple] = None
-          ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+          features: Optional[torch.Tensor] = None, sampling: Optional[tuple] = None,
+          row_ids: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``steps`` rounds of one token per sequence: ``tokens`` (batch,) embedded at
     ``positions`` + round (an MTP head on ``features`` (batch, hidden), then on its own
     outputs), logits through ``lm_head``, and the round's token - the top one among the
     first ``vocab`` logits, or with ``sampling`` = (temperature (batch,) float32, top_k
     (batch,) int64, top_p (batch,) float32, uniforms (batch, steps) float64) a draw from
     each row's processed distribution (temperature <= 0: the top token, one-hot) - feeding
-    the next round. Returns (tokens (batch, steps), the distributions (batch, steps, vocab)
-    with ``sampling``, else None): what running the rounds op by op returns."""
+    the next round. ``row_ids`` (lm_head rows,): the token of each lm_head row, for a
+    drafter's lm_head over a draft vocabulary - rows picked are mapped to their tokens, and
+    the distributions stay over rows. Returns (tokens (batch, steps), the distributions
+    (batch, steps, vocab) with ``sampling``, else None): what running the rounds op by op
+    returns."""
     B = tokens.shape[0] if isinstance(tokens, torch.Tensor) and tokens.dim() == 1 else 0
     if B == 0:
         raise ValueError("tokens must be a non-empty 1-D tensor")
@@ -126,7 +139,7 @@ def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab
     _int64("positions", positions, B)
     if not 0 < vocab <= lm_head.shape[0] or steps < 0:
         raise ValueError(f"vocab {vocab} must lie in 1..{lm_head.shape[0]} and steps be >= 0")
-    args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, B)
+    args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, B, row_ids)
     out = torch.empty(B, steps, dtype=torch.int64)
     probs, ptrs = None, (0, 0, 0, 0, 0)
     if sampling is not None:
@@ -149,18 +162,19 @@ def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab
 
 def refill_chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, tokens: torch.Tensor,
                  starts: torch.Tensor, lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
-                 window: Optional[int], steps: int, features: Optional[torch.Tensor] = None
-                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 window: Optional[int], steps: int, features: Optional[torch.Tensor] = None,
+                 row_ids: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A drafter's refill and its next greedy chain in one call: ``rows_forward`` over the
     rows (``features`` as there), then per row the top token among the first ``vocab``
     logits and ``steps`` ``chain`` rounds from it at the position after the row (an MTP
     head from the row's output). Returns (logits (rows, lm_head rows) and outputs (rows,
-    hidden) after each row's last token, tokens (rows, 1 + steps)): what the two calls
-    return with the top token taken in between."""
+    hidden) after each row's last token, tokens (rows, 1 + steps), lm_head rows mapped
+    through ``row_ids`` as in ``chain``): what the two calls return with the top token taken
+    in between."""
     B, T = _rows(tokens, starts, lens)
     if not 0 < vocab <= lm_head.shape[0] or steps < 0:
         raise ValueError(f"vocab {vocab} must lie in 1..{lm_head.shape[0]} and steps be >= 0")
-    args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, T)
+    args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, T, row_ids)
     logits = torch.empty(B, lm_head.shape[0], dtype=torch.float32)
     outputs = torch.empty(B, stack.hidden, dtype=torch.float32)
     out = torch.empty(B, steps + 1, dtype=torch.int64)

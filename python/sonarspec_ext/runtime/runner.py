@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
+from ..models.llama import vocab_logits
 from ..models.loader import has_compact_weights
 from ..ops.limits import NATIVE_ATTENTION_MAX_TOKENS
 from ..ops.linear import native_gemm_threads, torch_gemm_threads
@@ -73,7 +74,7 @@ class ModelRunner:
         """(stack, (embed, lm_head rows), row token ids or None, block table, token ids,
         starts, lengths) for re-running rows natively (``ops.stack_drafting``) when the
         model runs as a stack and the rows are a small step; else None."""
-        full = self.model.refill_io() if self.device.type == "cpu" and self.graphs is None else None
+        full = self.model.drafting_io() if self.device.type == "cpu" and self.graphs is None else None
         io, row_ids = (None, None) if full is None else (full[:2], full[2])
         num_tokens = sum(len(toks) for _, toks, _ in rows)
         stack = self.stack() if io is not None and num_tokens <= NATIVE_ATTENTION_MAX_TOKENS else None
@@ -85,15 +86,6 @@ class ModelRunner:
         packed = torch.from_numpy(np.asarray(packed, dtype=np.int64))
         return stack, io, row_ids, table, packed[:num_tokens], packed[num_tokens:-len(rows)], packed[-len(rows):]
 
-    def _full_logits(self, logits: torch.Tensor, row_ids: Optional[torch.Tensor]) -> torch.Tensor:
-        """Logits over the lm_head rows ``row_ids`` as logits over the whole vocabulary
-        (-inf elsewhere, as the model's own ``compute_logits`` gives them)."""
-        if row_ids is None:
-            return logits
-        full = logits.new_full((logits.shape[0], self.model.vocab_size), float("-inf"))
-        full[:, row_ids] = logits
-        return full
-
     def _native_rows(self, rows, sliding_window, features):
         """``forward_rows`` (logits, outputs) as one native call; None where it does not apply."""
         inputs = self._native_inputs(rows)
@@ -103,8 +95,8 @@ class ModelRunner:
         self.policy.record("native_stack")
         with torch.inference_mode(), native_gemm_threads():
             logits, outs = rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size, sliding_window,
-                                        None if features is None else features.to(torch.float32))
-        return self._full_logits(logits, row_ids), outs
+                                        None if features is None else features.to(torch.float32), row_ids)
+        return vocab_logits(logits, row_ids, self.model.vocab_size), outs
 
     def refill_chain(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int], vocab: int,
                      steps: int, features: Optional[torch.Tensor] = None):
@@ -117,16 +109,12 @@ class ModelRunner:
         if inputs is None:
             return None
         stack, io, row_ids, table, ids, starts, lens = inputs
-        if row_ids is not None and steps:   # chain rounds would embed lm_head row indices as tokens
-            return None
         self.policy.record("native_stack")
-        with torch.inference_mode(), native_gemm_threads():
+        with torch.inference_mode(), native_gemm_threads():   # draft vocabulary ids ascending: ties as in argmax
             logits, outs, tokens = refill_chain(stack, *io, min(vocab, io[1].shape[0]), ids, starts, lens, table,
                                                 self.kv_cache.page_size, sliding_window, steps,
-                                                None if features is None else features.to(torch.float32))
-        if row_ids is not None:   # top rows of the draft vocabulary -> token ids (ids ascending: same ties)
-            tokens = row_ids[tokens]
-        return self._full_logits(logits, row_ids), outs, tokens
+                                                None if features is None else features.to(torch.float32), row_ids)
+        return vocab_logits(logits, row_ids, self.model.vocab_size), outs, tokens
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: PagedAttentionMetadata,

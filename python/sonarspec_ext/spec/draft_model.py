@@ -16,14 +16,14 @@ import torch
 
 from ..runtime.kv_cache import KVCache
 from ..runtime.runner import ModelRunner
-from ..models.loader import load_model
 from .proposer import Draft, Proposer, RefillRow, StepRecord, flush_waiting, propose_chains, waiting_rows, whole_chains
 
 
 class DraftModelProposer(Proposer):
-    def __init__(self, draft_dir: str, num_draft_tokens: int, planner, num_pages: int, page_size: int,
-                 target_vocab_size: int, dtype, device, sample_drafts: bool = False, quantization: str = "none"):
-        self.model = load_model(draft_dir, dtype, device, quantization=quantization)
+    def __init__(self, model, num_draft_tokens: int, planner, num_pages: int, page_size: int,
+                 target_vocab_size: int, dtype, device, sample_drafts: bool = False):
+        """``model``: the draft (``models.draft_llm.load_draft_model``)."""
+        self.model = model
         self.kv_cache = KVCache(self.model.config, num_pages, page_size, dtype, device)
         self.runner = ModelRunner(self.model, self.kv_cache)
         self.planner = planner

@@ -4,8 +4,9 @@ from __future__ import annotations
 import os
 from typing import Optional, Tuple
 
-from ..assets import HEADS, installed_head, path as asset_path, resolve
+from ..assets import DRAFTS, HEADS, installed_head, path as asset_path, resolve
 from ..models.config import ModelConfig
+from ..models.draft_llm import load_draft_model
 from ..models.loader import checkpoint_fingerprint, load_config, load_tokenizer, weight_files
 from ..models.mtp_loader import detect_format, head_config, load_mtp_head
 from ..models.tokenizer import Tokenizer
@@ -28,7 +29,7 @@ def resolve_draft(spec: SpecConfig, target_dir: str, target_tokenizer: Tokenizer
     if spec.method in ("mtp", "eagle_tree"):
         head_dir = _mtp_dir(spec, target_dir)
         return head_dir, head_config(head_dir, target_cfg)[0]
-    draft_dir = resolve(spec.draft or "default", "draft")
+    draft_dir = _draft_dir(spec, target_dir)
     draft_cfg = load_config(draft_dir)
     draft_tok = load_tokenizer(draft_dir)
     if draft_tok.fingerprint() != target_tokenizer.fingerprint():
@@ -51,21 +52,42 @@ def find_mtp_head(target_dir: str) -> Optional[str]:
         return target_dir
     except ValueError:
         pass
+    return _packaged_for(target_dir, "mtp", HEADS)
+
+
+def find_draft_model(target_dir: str) -> Optional[str]:
+    """The draft model that goes with a target: for the packaged target the packaged draft,
+    else a packaged draft trained for exactly this checkpoint (SmolLM2's), else None."""
+    return _packaged_for(target_dir, "draft", DRAFTS)
+
+
+def _packaged_for(target_dir: str, tiny: str, names) -> Optional[str]:
+    """The packaged drafter ``tiny`` for the packaged target, else the one among ``names``
+    whose ``training.json`` records this target's checkpoint fingerprint, or None."""
     try:
         if os.path.samefile(target_dir, asset_path("target")):
-            return asset_path("mtp")
+            return asset_path(tiny)
     except FileNotFoundError:
         pass
-    heads = [h for h in (installed_head(name) for name in HEADS) if h is not None]
-    if heads:
-        try:
-            fp = checkpoint_fingerprint(target_dir)
-        except (ValueError, OSError):
-            return None
-        for head_dir, head_fp in heads:
-            if head_fp == fp:
-                return head_dir
-    return None
+    found = [d for d in (installed_head(name) for name in names) if d is not None]
+    if not found:
+        return None
+    try:
+        fp = checkpoint_fingerprint(target_dir)
+    except (ValueError, OSError):
+        return None
+    return next((d for d, d_fp in found if d_fp == fp), None)
+
+
+def _draft_dir(spec: SpecConfig, target_dir: str) -> str:
+    """``draft=DIR`` (or a model name) as given, otherwise ``find_draft_model``."""
+    if spec.draft not in (None, "default"):
+        return resolve(spec.draft, "draft")
+    draft = find_draft_model(target_dir)
+    if draft is not None:
+        return draft
+    raise ValueError(f"no draft model for {target_dir}: the packaged drafts belong to other targets; pass "
+                     f"SpecConfig(method='draft_target', draft=DIR)")
 
 
 def _mtp_dir(spec: SpecConfig, target_dir: str) -> str:
@@ -84,9 +106,9 @@ def make_proposer(spec: SpecConfig, draft_dir: Optional[str], target, planner, n
     if spec.method == "ngram":
         return NgramProposer(spec.num_draft_tokens)
     if spec.method == "draft_target":
-        return DraftModelProposer(draft_dir, spec.num_draft_tokens, planner, num_pages, page_size,
-                                  target.config.vocab_size, dtype, device, sample_drafts=draft_sampling,
-                                  quantization=spec.quantization)
+        draft = load_draft_model(draft_dir, target, dtype, device, quantization=spec.quantization)
+        return DraftModelProposer(draft, spec.num_draft_tokens, planner, num_pages, page_size,
+                                  target.config.vocab_size, dtype, device, sample_drafts=draft_sampling)
     if spec.method == "eagle_tree":
         head = load_mtp_head(draft_dir, target, dtype, device, quantization=spec.quantization)
         return EagleTreeProposer(head, spec.num_draft_tokens, spec.tree_top_k or TREE_TOP_K,

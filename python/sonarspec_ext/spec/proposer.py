@@ -227,7 +227,7 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
     stack = runner.stack() if io is not None else None
     if stack is None or not fits(stack, io[1], B, B):
         return None
-    embed, lm_head = io
+    embed, lm_head, row_ids = io
     vocab = min(lm_head.shape[0], width)
     first = [draw_draft(s, lg, sample_drafts) for s, lg in zip(seqs, logits)]
     table = block_table(tables)
@@ -244,9 +244,12 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
                     torch.tensor([p.top_p for p in ps], dtype=torch.float32), uniforms)
     packed = torch.from_numpy(np.asarray([t for t, _ in first] + list(positions), dtype=np.int64))
     out, probs = chain(stack, embed, lm_head, vocab, packed[:B], packed[B:], table, runner.kv_cache.page_size,
-                       window, k - 1, features, sampling)
+                       window, k - 1, features, sampling, row_ids)
     if not sample_drafts:
         return [Draft([t] + row) for (t, _), row in zip(first, out.tolist())]
-    probs = torch.nn.functional.pad(probs, (0, width - vocab))
+    if row_ids is None:
+        probs = torch.nn.functional.pad(probs, (0, width - vocab))
+    else:   # per lm_head row -> per token of the drafts' vocabulary
+        probs = probs.new_zeros(B, k - 1, width).index_copy_(2, row_ids, probs)
     return [Draft([t] + row, None if q is None else torch.cat([q[None], probs[i]]))   # greedy requests: point masses
             for i, ((t, q), row) in enumerate(zip(first, out.tolist()))]
