@@ -6,7 +6,8 @@ from dataclasses import replace
 from typing import Iterator, List, Mapping, Optional, Sequence, Union
 
 from .assets import resolve
-from .engine.engine import TIMING_KEYS, Engine, EngineConfig
+from .engine.config import EngineConfig
+from .engine.engine import TIMING_KEYS, Engine
 from .models.chat_template import check_messages, render_chat
 from .params import RequestOutput, SamplingParams, SpecConfig
 
@@ -95,7 +96,7 @@ class LLM:
                     if not seq.finished:
                         self.engine.step()
                     finished = seq.finished
-                    text = self.engine.stream_text(seq)
+                    text = self.engine.output.stream_text(seq)
                 if len(text) > seq.num_emitted_chars:
                     yield text[seq.num_emitted_chars:]
                     seq.num_emitted_chars = len(text)

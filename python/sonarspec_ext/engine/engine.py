@@ -10,86 +10,29 @@ import itertools
 import logging
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Union
 
-import numpy as np
 import torch
 
 from .. import _C
 from ..models.config import ModelConfig
-from ..models.loader import (QUANTIZATION_CHOICES, has_compact_weights, load_model, load_tokenizer,
-                             parse_dtype)
+from ..models.loader import load_model, load_tokenizer, parse_dtype
 from ..ops.linear import native_gemm_threads
 from ..params import SamplingParams, SpecConfig
+from ..runtime.cuda_graphs import StepGraphs
 from ..runtime.kv_cache import KVCache, num_pages_for_budget
-from .blocks import Block
-from .detokenize import stop_prefix_len
-from .spec_control import BatchSpeculationControl
-from .request_stats import RequestTotals
 from ..runtime.runner import ModelRunner
-from .sequence import Sequence
 from ..spec.factory import make_proposer, resolve_draft
 from ..spec.proposer import StepContext
+from .config import EngineConfig, kv_cache_dtype
 from .generic_step import generic_step
+from .output import OutputProcessor
+from .sequence import Sequence
+from .spec_control import BatchSpeculationControl
 from .sync_free import sync_free_step
-from ..runtime.cuda_graphs import StepGraphs
-from ..runtime.metadata import TreeBlock
-from ..runtime.transfer import to_device
 
 TIMING_KEYS = ("plan", "draft", "verify", "sample", "wait")
 log = logging.getLogger("sonarspec")
-
-
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-@dataclass
-class EngineConfig:
-    page_size: int = 16
-    kv_cache_memory: int = 256 << 20   # bytes for all KV pools together
-    num_pages: Optional[int] = None     # overrides kv_cache_memory
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: Optional[int] = None  # default: the model's max_position_embeddings
-    draft_sampling: bool = False         # draft_target: sample drafts from q instead of its top token
-    spec_max_batch: Optional[int] = None  # speculate only while at most this many sequences decode
-    # speculate only while it measures faster than plain decoding (engine/spec_control.py)
-    adaptive_speculation: bool = False
-    # plan step t + 1 on the planner's thread once step t is done; None: where the models run on a
-    # GPU (the host plans while the device computes), not on the CPU (the planner's thread would
-    # compete with the kernels' threads for the cores)
-    async_planning: Optional[bool] = None
-    # CUDA only: small steps whose sequences all have the same number of query tokens
-    # (decoding, chain verification, draft rounds) run as CUDA graphs (runtime/cuda_graphs.py)
-    cuda_graphs: bool = False
-    freeze_gc: bool = True   # gc.freeze() once built: full collections skip the loaded libraries
-    # float32 on the CPU: weight matrices in bfloat16 (models.loader.load_model); False: float32 copies
-    compact_weights: bool = True
-    # the target's KV pools: "auto" (bfloat16 on the CPU when the weights are bfloat16, else the
-    # compute dtype), "float32", "bfloat16" or "float16" (16-bit pools halve the bytes attention
-    # reads per token; values are rounded to nearest even as they are stored)
-    kv_cache_dtype: str = "auto"
-    # the target's weight matrices (models.loader.resolve_quantization): "auto" keeps a GGUF
-    # file's Q8_0 / Q4_0 / Q4_1 blocks (CPU, float32 activations), "none" dequantizes at load,
-    # "q8_0" / "q4_0" / "q4_1" quantize any checkpoint at load
-    quantization: str = "auto"
-
-    def __post_init__(self):
-        for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "num_pages",
-                     "max_model_len"):
-            v = getattr(self, name)
-            if v is None and name in ("num_pages", "max_model_len"):
-                continue
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
-        if self.quantization not in QUANTIZATION_CHOICES:
-            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
-                             f"got {self.quantization!r}")
-        if self.spec_max_batch is not None and (not isinstance(self.spec_max_batch, int) or self.spec_max_batch < 0):
-            raise ValueError(f"spec_max_batch must be None or an integer >= 0, got {self.spec_max_batch!r}")
 
 
 class Engine:
@@ -120,7 +63,7 @@ class Engine:
         draft_dir, draft_cfg = resolve_draft(self.spec, model_dir, self.tokenizer, self.model_config) or (None, None)
         limits = [self.model_config.max_position_embeddings] + ([draft_cfg.max_position_embeddings] if draft_cfg else [])
         self.max_model_len = min([c.max_model_len or min(limits)] + limits)
-        self.kv_dtype = self._kv_dtype()
+        self.kv_dtype = kv_cache_dtype(c.kv_cache_dtype, self.model, self.device, self.dtype)
         pools = [(self.model_config, self.kv_dtype)] + ([(draft_cfg, self.dtype)] if draft_cfg else [])
         num_pages = c.num_pages or num_pages_for_budget(c.kv_cache_memory, pools, c.page_size)
         # a request never outgrows the pool: past what one sequence can hold it finishes with
@@ -153,27 +96,14 @@ class Engine:
         self.spec_control = (BatchSpeculationControl(modes=self._adaptive_modes())
                              if c.adaptive_speculation and speculating else None)
         self.num_steps = 0
-        self.finished = RequestTotals()   # statistics of finished requests, as running totals
+        self.output = OutputProcessor(self.tokenizer, self.planner, self.proposer, self.max_model_len)
+        self.finished = self.output.finished   # statistics of finished requests, as running totals
         # wraps the region of the single-token MTP schedule that must not wait for the host
         # (``sync_free.forbid_host_syncs`` or ``cuda_sync_guard`` make a sync there raise)
         self.sync_guard = nullcontext
         self._step_seq_ids: List[int] = []   # the running step's sequences (failed together if it raises)
         if c.freeze_gc:
             gc.freeze()
-
-    def _kv_dtype(self) -> torch.dtype:
-        """The target's KV pool dtype (EngineConfig.kv_cache_dtype); drafters keep theirs in
-        the compute dtype."""
-        name = self.config.kv_cache_dtype
-        if name == "auto":
-            compact = has_compact_weights(self.model)
-            return torch.bfloat16 if self.device.type == "cpu" and compact else self.dtype
-        kv = parse_dtype(name)
-        if self.device.type == "cuda" and kv != self.dtype:
-            raise ValueError(f"kv_cache_dtype {name!r}: on CUDA the KV cache keeps the compute dtype ({self.dtype})")
-        if self.device.type == "cpu" and self.dtype != torch.float32 and kv != self.dtype:
-            raise ValueError(f"kv_cache_dtype {name!r}: with compute dtype {self.dtype} the KV cache keeps it")
-        return kv
 
     def runners(self) -> List[ModelRunner]:
         """The target's runner and the drafter's, if it has one."""
@@ -208,7 +138,7 @@ class Engine:
     def abort(self, seq_id: int) -> None:
         seq = self.seqs.get(seq_id)
         if seq is not None and not seq.finished:
-            self._finish(seq, "abort")
+            self.output.finish(seq, "abort")
 
     def has_unfinished(self) -> bool:
         return any(not s.finished for s in self.seqs.values())
@@ -260,7 +190,7 @@ class Engine:
             if seq is not None and not seq.finished:
                 seq.error = f"{type(error).__name__}: {error}"
                 try:
-                    self._finish(seq, "error")
+                    self.output.finish(seq, "error")
                 except Exception:   # the state that failed may fail again: free the pages regardless
                     seq.finish_reason = "error"
                     if self.planner.has(sid):
@@ -321,41 +251,13 @@ class Engine:
         live = lambda sid: sid in self.seqs and not self.seqs[sid].finished  # noqa: E731
         return [s for s in scheduled if live(s[0])], preempted
 
-    def pack(self, batch, drafts):
-        """The target's packed input for a step: prefill chunks, and for decoding sequences
-        their last token plus drafts. Returns (input_ids, positions, metadata, blocks,
-        logits_indices) with one ``Block`` per sequence."""
-        input_ids: List[int] = []
-        starts, lens, logits_idx, blocks, trees = [], [], [], [], []
-        for seq, start, n in batch:
-            toks = seq.all_ids[start:start + n]
-            draft = drafts.get(seq.seq_id)
-            tree = None if draft is None else draft.tree
-            if draft is not None:
-                toks = toks + draft.token_ids
-            # a tree's root (the last token) and nodes sit in tree order from ``start``
-            trees.append(None if tree is None else TreeBlock(start, tree.ancestor_bits(), start + tree.depths))
-            row = len(input_ids)
-            input_ids.extend(toks)
-            starts.append(start)
-            lens.append(len(toks))
-            at_end = start + n == seq.num_tokens   # the step reaches the sequence's last token
-            blocks.append(Block(seq, start, row, n, at_end, len(logits_idx), draft))
-            if at_end:
-                logits_idx.extend(range(row + n - 1, len(input_ids)))
-        meta, positions = self.runner.planner_metadata(self.planner, [s.seq_id for s, *_ in batch], starts, lens,
-                                                       self.model_config.sliding_window, trees)
-        ids, logits_idx = to_device([np.asarray(input_ids, dtype=np.int64), np.asarray(logits_idx, dtype=np.int64)],
-                                    self.device)
-        return ids, positions, meta, blocks, logits_idx
-
     def emit(self, seq: Sequence, tokens: List[int], accepted: int, draft) -> int:
         """Appends a step's tokens to ``seq`` and commits its verified KV; returns the
         sequence's length before the step."""
         n_before = seq.num_tokens
         if draft is not None:
             seq.record_verification(len(draft.token_ids), accepted, draft.depth)
-        self._append(seq, tokens)
+        self.output.append(seq, tokens)
         if draft is not None and not seq.finished:  # KV is valid through the accepted drafts
             self.planner.commit(seq.seq_id, n_before + accepted)
         return n_before
@@ -366,61 +268,3 @@ class Engine:
         if self._plan_ahead_possible():
             self.step_context.tables = {r.seq.seq_id: self.planner.page_table(r.seq.seq_id) for r in records}
             self._next_plan = self.planner.schedule_async(self.proposer.lookahead)
-
-    # ---- post-processing ------------------------------------------------------------
-    def _append(self, seq: Sequence, tokens: List[int]) -> None:
-        """Appends emitted tokens, stopping exactly at the first stop condition."""
-        if seq.first_token_time is None and tokens:
-            seq.first_token_time = time.perf_counter()
-        p = seq.params
-        for tok in tokens:
-            seq.output_ids.append(tok)
-            self.planner.append_tokens(seq.seq_id, 1)
-            reason, text = None, None
-            if tok in seq.stop_ids:
-                reason = "stop"
-            elif len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-                reason = "length"
-            if p.stop:
-                # only the text added since the last check can complete a stop string
-                full = seq.detok.update(seq.output_ids)
-                start = max(0, min(seq.stop_checked, len(full)) - max(len(s) for s in p.stop) + 1)
-                cut = _find_stop(full[start:], p.stop)
-                seq.stop_checked = len(full)
-                if cut is not None:
-                    text, reason = full[:start + cut], "stop"
-            if reason is not None:
-                self._finish(seq, reason, text)
-                return
-
-    def _finish(self, seq: Sequence, reason: str, text: Optional[str] = None) -> None:
-        seq.text = text if text is not None else self.tokenizer.decode(seq.output_ids)
-        seq.finish_reason = reason
-        if self.planner.has(seq.seq_id):
-            self.planner.finish(seq.seq_id)
-        self.proposer.reset(seq)
-        self.finished.add(seq.stats(), seq.finish_reason)
-
-    def text_so_far(self, seq: Sequence) -> str:
-        """The output's text: final once finished, else up to its last complete character."""
-        return seq.text if seq.finished else seq.detok.update(seq.output_ids)
-
-    def stream_text(self, seq: Sequence) -> str:
-        """The text a stream may hand out now: all of it once finished, else without a
-        tail that could still begin a stop string (the next tokens may complete it) or end
-        inside a UTF-8 character."""
-        text = self.text_so_far(seq)
-        if not seq.finished:
-            text = text.rstrip("\ufffd")
-            text = text[:len(text) - stop_prefix_len(text, seq.params.stop)]
-        return text
-
-
-def _find_stop(text: str, stops: List[str]) -> Optional[int]:
-    """Earliest position of any stop string in ``text``, or None."""
-    best = None
-    for s in stops:
-        i = text.find(s)
-        if i != -1 and (best is None or i < best):
-            best = i
-    return best

@@ -6,6 +6,7 @@ import time
 from typing import List
 
 from ..spec.proposer import StepRecord
+from .blocks import pack
 from ..spec.verify import verify_chains, verify_tree
 from ..sampling.sampler import sample
 
@@ -14,7 +15,7 @@ def generic_step(engine, batch, drafts) -> List:
     """Runs the step for ``batch`` with ``drafts`` (seq_id -> Draft); returns the sequences
     that received tokens."""
     t2 = time.perf_counter()
-    ids, positions, meta, blocks, logits_idx = engine.pack(batch, drafts)
+    ids, positions, meta, blocks, logits_idx = pack(engine, batch, drafts)
     out = engine.runner.forward(ids, positions, meta, logits_idx,
                                 hidden_indices=slice(None) if engine.proposer.needs_hidden else None)
     logits, hidden = out if engine.proposer.needs_hidden else (out, None)

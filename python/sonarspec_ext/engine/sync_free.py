@@ -17,6 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..ops import shifted_scatter
+from .blocks import pack
 from ..spec.verify import verify_chain_device
 
 _SYNCING = {"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__", "__array__"}
@@ -54,7 +55,7 @@ def cuda_sync_guard(device):
 def sync_free_step(engine, batch, drafts) -> List:
     proposer = engine.proposer
     t0 = time.perf_counter()
-    ids, positions, meta, blocks, logits_idx = engine.pack(batch, drafts)
+    ids, positions, meta, blocks, logits_idx = pack(engine, batch, drafts)
     logits, hidden = engine.runner.forward(ids, positions, meta, logits_idx, hidden_indices=slice(None))
     starts = torch.tensor([b.row for b in blocks], dtype=torch.long, device=ids.device)
     t1 = time.perf_counter()

@@ -147,7 +147,7 @@ class EngineLoop:
                     self.metrics.itl.observe((now - tr.last_token_time) / (n_tokens - tr.emitted_tokens))
                 tr.last_token_time = now
                 self.metrics.generation_tokens.inc(n_tokens - tr.emitted_tokens)
-            text = engine.stream_text(seq)
+            text = engine.output.stream_text(seq)
             if len(text) > tr.emitted_chars or n_tokens > tr.emitted_tokens:
                 delta = Delta(text[tr.emitted_chars:], n_tokens - tr.emitted_tokens)
                 tr.emitted_chars = max(tr.emitted_chars, len(text))

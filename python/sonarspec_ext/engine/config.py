@@ -1,0 +1,73 @@
+"""``EngineConfig``: the engine's options, checked where they are made, and the KV pool
+dtype they select."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..models.loader import QUANTIZATION_CHOICES, has_compact_weights, parse_dtype
+
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class EngineConfig:
+    page_size: int = 16
+    kv_cache_memory: int = 256 << 20   # bytes for all KV pools together
+    num_pages: Optional[int] = None     # overrides kv_cache_memory
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: Optional[int] = None  # default: the model's max_position_embeddings
+    draft_sampling: bool = False         # draft_target: sample drafts from q instead of its top token
+    spec_max_batch: Optional[int] = None  # speculate only while at most this many sequences decode
+    # speculate only while it measures faster than plain decoding (engine/spec_control.py)
+    adaptive_speculation: bool = False
+    # plan step t + 1 on the planner's thread once step t is done; None: where the models run on a
+    # GPU (the host plans while the device computes), not on the CPU (the planner's thread would
+    # compete with the kernels' threads for the cores)
+    async_planning: Optional[bool] = None
+    # CUDA only: small steps whose sequences all have the same number of query tokens
+    # (decoding, chain verification, draft rounds) run as CUDA graphs (runtime/cuda_graphs.py)
+    cuda_graphs: bool = False
+    freeze_gc: bool = True   # gc.freeze() once built: full collections skip the loaded libraries
+    # float32 on the CPU: weight matrices in bfloat16 (models.loader.load_model); False: float32 copies
+    compact_weights: bool = True
+    # the target's KV pools: "auto" (bfloat16 on the CPU when the weights are bfloat16, else the
+    # compute dtype), "float32", "bfloat16" or "float16" (16-bit pools halve the bytes attention
+    # reads per token; values are rounded to nearest even as they are stored)
+    kv_cache_dtype: str = "auto"
+    # the target's weight matrices (models.loader.resolve_quantization): "auto" keeps a GGUF
+    # file's Q8_0 / Q4_0 / Q4_1 blocks (CPU, float32 activations), "none" dequantizes at load,
+    # "q8_0" / "q4_0" / "q4_1" quantize any checkpoint at load
+    quantization: str = "auto"
+
+    def __post_init__(self):
+        for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "num_pages",
+                     "max_model_len"):
+            v = getattr(self, name)
+            if v is None and name in ("num_pages", "max_model_len"):
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.quantization not in QUANTIZATION_CHOICES:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
+                             f"got {self.quantization!r}")
+        if self.spec_max_batch is not None and (not isinstance(self.spec_max_batch, int) or self.spec_max_batch < 0):
+            raise ValueError(f"spec_max_batch must be None or an integer >= 0, got {self.spec_max_batch!r}")
+
+
+def kv_cache_dtype(name: str, model, device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The target's KV pool dtype for ``EngineConfig.kv_cache_dtype`` ``name`` (drafters
+    keep theirs in the compute dtype ``dtype``)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cpu" and has_compact_weights(model) else dtype
+    kv = parse_dtype(name)
+    if device.type == "cuda" and kv != dtype:
+        raise ValueError(f"kv_cache_dtype {name!r}: on CUDA the KV cache keeps the compute dtype ({dtype})")
+    if device.type == "cpu" and dtype != torch.float32 and kv != dtype:
+        raise ValueError(f"kv_cache_dtype {name!r}: with compute dtype {dtype} the KV cache keeps it")
+    return kv
