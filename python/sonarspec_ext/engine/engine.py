@@ -17,7 +17,6 @@ import torch
 from .. import _C
 from ..models.config import ModelConfig
 from ..models.loader import load_model, load_tokenizer, parse_dtype
-from ..ops.linear import native_gemm_threads
 from ..params import SamplingParams, SpecConfig
 from ..runtime.cuda_graphs import StepGraphs
 from ..runtime.kv_cache import KVCache, num_pages_for_budget
@@ -161,14 +160,14 @@ class Engine:
     def step(self) -> List[Sequence]:
         """Runs one engine step (plan -> draft -> verify -> sample -> post-process); returns
         the sequences that received tokens. Torch's own ops run single-threaded meanwhile
-        (``native_gemm_threads``; large prefill chunks get the threads back).
+        (the runner's ``runtime.threads.ThreadPolicy``; large prefill chunks get the threads back).
 
         A step that raises finishes the sequences it had scheduled with reason ``"error"``
         (the exception's text in ``error``), releasing their pages; the engine stays
         consistent and serves everything else. An ``Exception`` is not re-raised; anything
         else (``KeyboardInterrupt``) is, after the clean-up."""
         self._step_seq_ids = []
-        with native_gemm_threads():
+        with self.runner.threads.native():
             try:
                 return self._step()
             except BaseException as e:

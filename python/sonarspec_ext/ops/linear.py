@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Optional
 
 import torch
@@ -15,26 +14,27 @@ from .limits import COMPACT_MAX_ROWS, NATIVE_MAX_ROWS, SMALL_M_MAX_ROWS
 from .quantized import QuantizedMatrix, weight_format_code
 
 
-# Threads for the native kernel while ``native_gemm_threads`` is active (else torch's).
-_native_threads: ContextVar[Optional[int]] = ContextVar("sonarspec_native_threads", default=None)
+# The native kernels' thread count while ``native_gemm_threads`` is active (None: torch's).
+# Process-wide, as torch's own count is: one engine runs at a time (the LLM facade's lock).
+_native_count: Optional[int] = None
 
 
 @contextmanager
-def native_gemm_threads():
+def native_gemm_threads(num_threads: Optional[int] = None):
     """For work whose heavy parts are native kernels (a small forward pass, a whole engine
-    step): the kernels keep torch's thread count while torch's own (tiny) ops run
-    single-threaded, so torch's OpenMP workers - which keep spinning on the cores after a
-    parallel region - do not take the cores the kernels' workers need. Re-entrant: inside
-    another, the outer count stays."""
-    n = native_threads()
-    token = _native_threads.set(n)
-    prev = torch.get_num_threads()
+    step): the kernels get ``num_threads`` (default: torch's count) while torch's own (tiny)
+    ops run single-threaded, so torch's OpenMP workers - which keep spinning on the cores
+    after a parallel region - do not take the cores the kernels' workers need. Re-entrant:
+    inside another, the outer count stays. Both counts are restored on exit."""
+    global _native_count
+    prev_native, prev_torch = _native_count, torch.get_num_threads()
+    _native_count = prev_native or num_threads or prev_torch
     torch.set_num_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(prev)
-        _native_threads.reset(token)
+        torch.set_num_threads(prev_torch)
+        _native_count = prev_native
 
 
 @contextmanager
@@ -50,10 +50,8 @@ def torch_gemm_threads():
 
 
 def native_threads() -> int:
-    """Threads for a native CPU kernel: torch's count, also inside ``native_gemm_threads``."""
-    return _native_threads.get() or torch.get_num_threads()
-
-
+    """Threads for a native CPU kernel: the count ``native_gemm_threads`` set, else torch's."""
+    return _native_count or torch.get_num_threads()
 
 
 def uses_native_gemm(num_rows: int, device: torch.device, dtype: torch.dtype, compact: bool = False) -> bool:

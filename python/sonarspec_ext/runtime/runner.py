@@ -10,10 +10,10 @@ from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
 from ..models.llama import vocab_logits
 from ..models.loader import has_compact_weights
 from ..ops.limits import NATIVE_ATTENTION_MAX_TOKENS
-from ..ops.linear import native_gemm_threads, torch_gemm_threads
 from ..ops.stack_drafting import block_table, fits, refill_chain, rows_forward
 from .kv_cache import KVCache
 from .execution import ExecutionPolicy
+from .threads import ThreadPolicy
 from .metadata import TreeBlock, build_metadata, planner_metadata
 from .transfer import to_device
 
@@ -29,6 +29,7 @@ class ModelRunner:
         self._stack_built = False
         self.graphs = None   # engine.cuda_graphs.StepGraphs when small uniform steps run as CUDA graphs
         self.policy = ExecutionPolicy()   # picks each forward's path and counts them
+        self.threads = ThreadPolicy()     # the threads its native kernels and torch's ops get
 
     def stack(self):
         """The model's layers as one native call (``ops.DecoderStack``) on this cache, built
@@ -93,7 +94,7 @@ class ModelRunner:
             return None
         stack, io, row_ids, table, ids, starts, lens = inputs
         self.policy.record("native_stack")
-        with torch.inference_mode(), native_gemm_threads():
+        with torch.inference_mode(), self.threads.native():
             logits, outs = rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size, sliding_window,
                                         None if features is None else features.to(torch.float32), row_ids)
         return vocab_logits(logits, row_ids, self.model.vocab_size), outs
@@ -110,7 +111,7 @@ class ModelRunner:
             return None
         stack, io, row_ids, table, ids, starts, lens = inputs
         self.policy.record("native_stack")
-        with torch.inference_mode(), native_gemm_threads():   # draft vocabulary ids ascending: ties as in argmax
+        with torch.inference_mode(), self.threads.native():   # draft vocabulary ids ascending: ties as in argmax
             logits, outs, tokens = refill_chain(stack, *io, min(vocab, io[1].shape[0]), ids, starts, lens, table,
                                                 self.kv_cache.page_size, sliding_window, steps,
                                                 None if features is None else features.to(torch.float32), row_ids)
@@ -130,7 +131,7 @@ class ModelRunner:
             return logits.clone() if hidden_indices is None else (logits.clone(), hidden[hidden_indices].clone())
         path, stack = self.policy.choose(self, input_ids.numel(), meta)
         extra = () if features is None else (features,)
-        with torch_gemm_threads() if path == "torch_ops" else native_gemm_threads():
+        with self.threads.for_path(path):
             attn = TorchPagedAttention(self.kv_cache, meta, stack)
             hidden = self.model(input_ids, positions, attn, *extra)
             logits = self.model.compute_logits(hidden[logits_indices])
