@@ -13,6 +13,7 @@ SPEC_METHODS = ("none", "draft_target", "mtp", "eagle_tree", "ngram")
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_TOP_K = (1 << 31) - 1
+MAX_LOGPROBS = 20   # alternatives per token, as OpenAI's top_logprobs allows
 GREEDY_BELOW = 1e-5   # temperatures under this are greedy (dividing logits by them overflows)
 
 
@@ -25,6 +26,9 @@ class SamplingParams:
     means no nucleus cut. ``seed`` (a 64-bit signed integer) makes sampling reproducible
     regardless of batch composition. ``stop`` strings end the output before the match;
     ``stop_token_ids`` end it after the token (eos ids are added unless ``ignore_eos``).
+    ``logprobs`` (0..20, None: off): each output token's log-probability under the target's
+    own distribution (its raw logits: before temperature, top-k or top-p), with that many
+    most likely alternatives, in ``RequestOutput.logprobs``.
     """
     max_tokens: int = 16
     temperature: float = 1.0
@@ -34,6 +38,7 @@ class SamplingParams:
     stop: Optional[Union[str, Sequence[str]]] = None
     stop_token_ids: Optional[Sequence[int]] = None
     ignore_eos: bool = False
+    logprobs: Optional[int] = None
 
     def __post_init__(self):
         _check(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
@@ -60,6 +65,9 @@ class SamplingParams:
         _check(all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX
                    for t in self.stop_token_ids), "stop_token_ids must be non-negative integers")
         _check(isinstance(self.ignore_eos, bool), f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        _check(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
+                                         and 0 <= self.logprobs <= MAX_LOGPROBS),
+               f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:
@@ -68,7 +76,7 @@ class SamplingParams:
 
 @dataclass
 class SpecConfig:
-    """Speculative decoding configuration (see DESIGN.md).
+    """Speculative decoding configuration (docs/speculation.md).
 
     ``eagle_tree``: ``num_draft_tokens`` is the tree depth, ``tree_top_k`` the children
     each expanded node proposes (and the nodes expanded per depth), ``tree_num_nodes`` the
@@ -121,6 +129,8 @@ class RequestOutput:
     finish_reason: Optional[str] = None   # "stop" | "length" | "abort" | "error"
     error: Optional[str] = None
     stats: dict = field(default_factory=dict)
+    # with SamplingParams.logprobs: one per output token (sampling.logprobs.TokenLogprob)
+    logprobs: Optional[list] = None
 
 
 def _is_number(x) -> bool:

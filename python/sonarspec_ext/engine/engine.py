@@ -21,6 +21,7 @@ from ..params import SamplingParams, SpecConfig
 from ..runtime.cuda_graphs import StepGraphs
 from ..runtime.kv_cache import KVCache, num_pages_for_budget
 from ..runtime.runner import ModelRunner
+from ..sampling.logprobs import token_logprobs
 from ..spec.factory import make_proposer, resolve_draft
 from ..spec.proposer import StepContext
 from .config import EngineConfig, kv_cache_dtype
@@ -250,13 +251,20 @@ class Engine:
         live = lambda sid: sid in self.seqs and not self.seqs[sid].finished  # noqa: E731
         return [s for s in scheduled if live(s[0])], preempted
 
-    def emit(self, seq: Sequence, tokens: List[int], accepted: int, draft) -> int:
+    def emit(self, seq: Sequence, tokens: List[int], accepted: int, draft, logits=None) -> int:
         """Appends a step's tokens to ``seq`` and commits its verified KV; returns the
-        sequence's length before the step."""
+        sequence's length before the step. ``logits`` (len(tokens), vocab) - the target's
+        rows each token was drawn from - give their log-probabilities when the request
+        asks for them (``SamplingParams.logprobs``)."""
         n_before = seq.num_tokens
         if draft is not None:
             seq.record_verification(len(draft.token_ids), accepted, draft.depth)
+        entries = None
+        if seq.logprobs is not None and logits is not None:
+            entries = token_logprobs(logits, tokens, seq.params.logprobs)
         self.output.append(seq, tokens)
+        if entries is not None:   # as many as the tokens kept (a stop condition may end the step early)
+            seq.logprobs.extend(entries[:len(seq.output_ids) - len(seq.logprobs)])
         if draft is not None and not seq.finished:  # KV is valid through the accepted drafts
             self.planner.commit(seq.seq_id, n_before + accepted)
         return n_before

@@ -27,6 +27,7 @@ def generic_step(engine, batch, drafts) -> List:
     for b in blocks:
         seq, end = b.seq, b.row + b.num_tokens
         tokens, accepted, used = [], 0, list(range(b.row, end))   # used: rows now valid
+        rows = None   # the block's logits rows the tokens were drawn from, for their logprobs
         if b.at_end:
             if b.draft is None:
                 tokens = sample(_block_logits(logits, b), [seq.params], [seq.generator])
@@ -35,14 +36,18 @@ def generic_step(engine, batch, drafts) -> List:
                 accepted = len(path)
                 commit_tree_path(engine, seq, path)
                 used += [end - 1 + i for i in path]
+                rows = [0] + list(path)   # node i's row is i; each token comes from its parent's
             else:
                 tokens, accepted = next(chain_results)
                 used += range(end, end + accepted)
-        results.append((b, tokens, accepted, used))
+        token_logits = None
+        if seq.logprobs is not None and tokens:
+            token_logits = _block_logits(logits, b)[rows if rows is not None else slice(0, len(tokens))]
+        results.append((b, tokens, accepted, used, token_logits))
     t4 = time.perf_counter()
     records = []
-    for b, tokens, accepted, used in results:
-        n_before = engine.emit(b.seq, tokens, accepted, b.draft)
+    for b, tokens, accepted, used, token_logits in results:
+        n_before = engine.emit(b.seq, tokens, accepted, b.draft, token_logits)
         if not b.seq.finished:
             records.append(StepRecord(b.seq, b.start, n_before, b.draft, accepted, b.at_end,
                                       None if hidden is None else hidden[used]))

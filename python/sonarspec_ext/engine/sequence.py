@@ -39,6 +39,8 @@ class Sequence:
         self.drafted_per_position: List[int] = []   # steps that proposed a token at position k
         self.accepted_per_position: List[int] = []  # steps that accepted it
         self.num_preemptions = 0
+        # with params.logprobs: one sampling.logprobs.TokenLogprob per output token
+        self.logprobs: Optional[list] = None if params.logprobs is None else []
 
     @property
     def all_ids(self) -> List[int]:
@@ -86,4 +88,5 @@ class Sequence:
     def to_output(self) -> RequestOutput:
         return RequestOutput(request_id=self.seq_id, prompt_token_ids=self.prompt_ids,
                              token_ids=list(self.output_ids), text=self.text,
-                             finish_reason=self.finish_reason, error=self.error, stats=self.stats())
+                             finish_reason=self.finish_reason, error=self.error, stats=self.stats(),
+                             logprobs=None if self.logprobs is None else list(self.logprobs))

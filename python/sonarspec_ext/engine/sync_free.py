@@ -77,7 +77,8 @@ def sync_free_step(engine, batch, drafts) -> List:
     accepted_host, tokens_host = accepted.tolist(), tokens.tolist()   # the host learns the lengths here
     for i, b in enumerate(blocks):
         a = accepted_host[i]
-        n_before = engine.emit(b.seq, tokens_host[i][:a + 1], a, b.draft)
+        lp_rows = logits[b.logits_offset:b.logits_offset + a + 1] if b.seq.logprobs is not None else None
+        n_before = engine.emit(b.seq, tokens_host[i][:a + 1], a, b.draft, lp_rows)
         if not b.seq.finished:
             proposer.carry(b.seq, n_before + a, head_logits[i], head_feats[i])
     t4 = time.perf_counter()

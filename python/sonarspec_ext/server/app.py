@@ -19,8 +19,8 @@ from ..llm import LLM
 from ..params import SamplingParams
 from .engine_loop import Delta, Done, EngineLoop
 from .metrics import Metrics
-from .protocol import (ChatCompletionRequest, CompletionRequest, chunk_body, completion_body, error_body, new_id,
-                       usage)
+from .protocol import (ChatCompletionRequest, CompletionRequest, chunk_body, completion_body, error_body,
+                       logprobs_body, new_id, usage)
 
 
 class ServerLimits:
@@ -143,8 +143,8 @@ async def _parse(request: Request, model, limits: ServerLimits, model_name: str)
                          status=404, param="model", kind="not_found_error")
     if req.n != 1:
         raise BadRequest(f"n = {req.n} is not supported: one choice per request (n = 1)", param="n")
-    if req.logprobs not in (None, False, 0):
-        raise BadRequest("logprobs are not supported", param="logprobs")
+    if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None and not req.logprobs:
+        raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
     return req
 
 
@@ -190,9 +190,18 @@ def _params(req, max_tokens: Optional[int], default: Optional[int], prompt_len: 
     stop = [req.stop] if isinstance(req.stop, str) else req.stop
     try:
         return SamplingParams(max_tokens=min(n, room), temperature=req.temperature, top_k=max(0, req.top_k),
-                              top_p=req.top_p, seed=req.seed, stop=stop or None, ignore_eos=req.ignore_eos)
+                              top_p=req.top_p, seed=req.seed, stop=stop or None, ignore_eos=req.ignore_eos,
+                              logprobs=_num_logprobs(req))
     except ValueError as e:
         raise BadRequest(str(e)) from None
+
+
+def _num_logprobs(req) -> Optional[int]:
+    """SamplingParams.logprobs for a request: the completions API's count; chat's
+    top_logprobs when logprobs is true; else None."""
+    if isinstance(req, ChatCompletionRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
 
 
 async def _events(loop: EngineLoop, ids, params, request: Request):
@@ -223,27 +232,37 @@ def _spec(stats: Dict[str, Any]) -> Dict[str, Any]:
 
 async def _respond(request: Request, loop: EngineLoop, ids, params, req, model_name: str, chat: bool):
     rid = new_id("chatcmpl" if chat else "cmpl")
+    decode = loop.llm.tokenizer.decode
+    token_text = lambda tid: decode([tid])  # noqa: E731
     if not req.stream:
         text: List[str] = []
+        entries = None if params.logprobs is None else []
         async for ev in _events(loop, ids, params, request):
             if isinstance(ev, Delta):
                 text.append(ev.text)
+                if entries is not None and ev.logprobs:
+                    entries.extend(ev.logprobs)
             elif ev.finish_reason == "error":
                 return _error(400 if ev.completion_tokens == 0 else 500, ev.error or "generation failed",
                               "invalid_request_error" if ev.completion_tokens == 0 else "server_error")
             else:
                 return completion_body(rid, model_name, "".join(text), ev.finish_reason,
-                                       usage(ev.prompt_tokens, ev.completion_tokens), chat, _spec(ev.stats))
+                                       usage(ev.prompt_tokens, ev.completion_tokens), chat, _spec(ev.stats),
+                                       logprobs_body(entries, token_text, chat))
         return _error(499, "client closed the request")
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     created = int(time.time())
 
     async def sse():
         yield _sse(chunk_body(rid, model_name, created, chat, text="" if chat else None, role=True))
+        offset = 0   # completions' text_offset of the next token
         async for ev in _events(loop, ids, params, request):
             if isinstance(ev, Delta):
-                if ev.text:
-                    yield _sse(chunk_body(rid, model_name, created, chat, text=ev.text))
+                lp = logprobs_body(ev.logprobs, token_text, chat, offset) if ev.logprobs else None
+                if lp is not None and not chat:
+                    offset += sum(len(t) for t in lp["tokens"])
+                if ev.text or lp is not None:
+                    yield _sse(chunk_body(rid, model_name, created, chat, text=ev.text, logprobs=lp))
                 continue
             if ev.finish_reason == "error":
                 yield _sse(error_body(ev.error or "generation failed", "server_error"))

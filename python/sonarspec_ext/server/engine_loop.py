@@ -18,9 +18,11 @@ from .metrics import Metrics
 
 @dataclass
 class Delta:
-    """New text of a request (``text`` may be empty when only tokens were added)."""
+    """New text of a request (``text`` may be empty when only tokens were added) and, when
+    it asked for them, the new tokens' ``sampling.logprobs.TokenLogprob`` entries."""
     text: str
     num_tokens: int
+    logprobs: Optional[list] = None
 
 
 @dataclass
@@ -149,7 +151,8 @@ class EngineLoop:
                 self.metrics.generation_tokens.inc(n_tokens - tr.emitted_tokens)
             text = engine.output.stream_text(seq)
             if len(text) > tr.emitted_chars or n_tokens > tr.emitted_tokens:
-                delta = Delta(text[tr.emitted_chars:], n_tokens - tr.emitted_tokens)
+                new_lp = None if seq.logprobs is None else seq.logprobs[tr.emitted_tokens:n_tokens]
+                delta = Delta(text[tr.emitted_chars:], n_tokens - tr.emitted_tokens, new_lp)
                 tr.emitted_chars = max(tr.emitted_chars, len(text))
                 tr.emitted_tokens = n_tokens
                 tr.loop.call_soon_threadsafe(tr.out.put_nowait, delta)

@@ -24,12 +24,12 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: int = 1
-    logprobs: Optional[Any] = None
     ignore_eos: bool = False
 
 
 class CompletionRequest(_Common):
     prompt: Union[str, List[int], List[str]]
+    logprobs: Optional[int] = Field(default=None, ge=0, le=5)   # alternatives per token, as OpenAI allows
 
 
 class ChatMessage(BaseModel):
@@ -41,6 +41,30 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Common):
     messages: List[ChatMessage]
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+
+
+def logprobs_body(entries: Optional[list], token_text, chat: bool, offset: int = 0) -> Optional[Dict[str, Any]]:
+    """OpenAI's ``logprobs`` of a choice for ``sampling.logprobs.TokenLogprob`` entries:
+    chat's ``{"content": [{token, logprob, bytes, top_logprobs}]}``, or the completions
+    API's ``{tokens, token_logprobs, top_logprobs, text_offset}`` (offsets into the output
+    from ``offset``). ``token_text(id)`` is a token's text; None without entries."""
+    if entries is None:
+        return None
+    if chat:
+        def one(tid, lp):
+            t = token_text(tid)
+            return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+        return {"content": [{**one(e.token_id, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]}
+                            for e in entries]}
+    tokens = [token_text(e.token_id) for e in entries]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{token_text(t): v for t, v in e.top} for e in entries], "text_offset": offsets}
 
 
 def new_id(prefix: str) -> str:
@@ -52,8 +76,8 @@ def usage(prompt: int, completion: int) -> Dict[str, int]:
 
 
 def completion_body(rid: str, model: str, text: str, reason: str, u: Dict[str, int], chat: bool,
-                    spec: Dict[str, Any]) -> Dict[str, Any]:
-    choice: Dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}   # the engine's: OpenAI's words
+                    spec: Dict[str, Any], logprobs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    choice: Dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": logprobs}   # reason: OpenAI's words
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -63,8 +87,9 @@ def completion_body(rid: str, model: str, text: str, reason: str, u: Dict[str, i
 
 
 def chunk_body(rid: str, model: str, created: int, chat: bool, text: Optional[str] = None,
-               reason: Optional[str] = None, role: bool = False) -> Dict[str, Any]:
-    choice: Dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+               reason: Optional[str] = None, role: bool = False,
+               logprobs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    choice: Dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": logprobs}
     if chat:
         delta: Dict[str, Any] = {}
         if role:
