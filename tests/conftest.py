@@ -1,41 +1,6 @@
 import pytest
-import torch
 
-from sonarspec_ext.models.tokenizer import write_byte_tokenizer
-
-VOCAB = 300
-
-
-def make_hf_model(path: str, arch: str = "llama", seed: int = 0, **overrides):
-    """Saves a random tiny transformers model (the oracle) plus a tokenizer to ``path``."""
-    import transformers
-    torch.manual_seed(seed)
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  rms_norm_eps=1e-5, eos_token_id=256, bos_token_id=256)
-    common.update(overrides)
-    if arch == "llama":
-        cfg = transformers.LlamaConfig(**common)
-        model = transformers.LlamaForCausalLM(cfg)
-    elif arch == "qwen2":
-        cfg = transformers.Qwen2Config(**common)
-        model = transformers.Qwen2ForCausalLM(cfg)
-    elif arch == "mistral":
-        cfg = transformers.MistralConfig(**common)
-        model = transformers.MistralForCausalLM(cfg)
-    else:
-        raise ValueError(arch)
-    # Random init gives near-uniform logits; scale weights up so argmax is well separated.
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if p.dim() == 2:
-                p.mul_(2.5)
-            elif "bias" in n:
-                p.normal_(0, 0.1)
-    model.save_pretrained(path, safe_serialization=True)
-    write_byte_tokenizer(path)
-    return model.eval()
-
+from helpers.models import VOCAB, make_hf_model  # noqa: F401  (VOCAB: for the fixtures below)
 
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory):
@@ -51,19 +16,6 @@ def qwen_dir(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("qwen2"))
     make_hf_model(d, "qwen2", seed=1, tie_word_embeddings=True)
     return d
-
-
-def hf_load(path, bf16_matmul_inputs: bool = False):
-    """The transformers model in float32. ``bf16_matmul_inputs``: every linear layer's
-    input is rounded to bfloat16 first - the arithmetic of sonarspec's compact (bfloat16)
-    weights, whose matrix products take bfloat16 activations and sum in float32."""
-    import transformers
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    if bf16_matmul_inputs:
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear):
-                module.register_forward_pre_hook(lambda _, args: (args[0].bfloat16().float(),) + args[1:])
-    return model
 
 
 @pytest.fixture(scope="session")
@@ -108,7 +60,7 @@ def plain_greedy(llama_dir):
 @pytest.fixture(scope="session")
 def heads(llama_dir, tmp_path_factory):
     """MTP heads for the tiny Llama target: random (both layouts) and briefly trained."""
-    from mtp_fixtures import random_head, save, trained_head
+    from helpers.mtp_fixtures import random_head, save, trained_head
     d = tmp_path_factory.mktemp("heads")
     return {
         "random": save(random_head(llama_dir, "rmsnorm"), str(d / "random")),

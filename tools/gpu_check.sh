@@ -46,12 +46,12 @@ stage spec_cuda 240 "$PY" -m sonarspec_ext.cli bench --spec all --device cuda --
 # shellcheck disable=SC2086
 stage spec_cuda_graphs 240 "$PY" -m sonarspec_ext.cli bench --spec all --device cuda --dtype bfloat16 $SPEC_ARGS \
   --cuda-graphs --json "$OUT/spec_cuda_graphs.json"
-stage tests_engine 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_engine.py
+stage tests_engine 150 "$PY" -m pytest -q -p no:cacheprovider tests/cuda/test_cuda_engine.py
 stage profile_cuda 120 "$PY" tools/profile_cuda.py --json "$OUT/profile_cuda.json"
 stage profile_cuda_graphs 120 "$PY" tools/profile_cuda.py --cuda-graphs --json "$OUT/profile_cuda_graphs.json"
-stage tests_kernels 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_native.py \
-  tests/test_shifted_scatter.py tests/test_spec_sampling_op.py tests/test_tree_sampling.py tests/test_padded_gemm_cuda.py \
-  tests/test_mtp.py -k "cuda or native or scatter or sampling or padded"
+stage tests_kernels 120 "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_native.py \
+  tests/unit/test_shifted_scatter.py tests/spec/test_spec_sampling_op.py tests/spec/test_tree_sampling.py tests/cuda/test_padded_gemm_cuda.py \
+  tests/spec/test_mtp.py -k "cuda or native or scatter or sampling or padded"
 stage verify_cost_cuda 90 "$PY" tools/bench_verify_cost.py --device cuda --dtype bfloat16 --synthetic-200m --rounds 3 \
   --json "$OUT/verify_cost_cuda.json"
 stage kernels 90 "$PY" tools/gpu_bench.py --json "$OUT/gpu_bench.json"

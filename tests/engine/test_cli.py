@@ -1,0 +1,134 @@
+"""The ``sonarspec`` console script."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers.models import CHATML
+
+from sonarspec_ext import LLM, SamplingParams
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "sonarspec_ext.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_generate_prints_the_greedy_continuation_and_speed(llama_dir):
+    r = run_cli("generate", "hello", "--model", llama_dir, "--max-tokens", "12", "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    ref = LLM(llama_dir).generate("hello", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    assert r.stdout.rstrip("\n") == "hello" + ref.text
+    assert "12 tokens in" in r.stderr and "tok/s" in r.stderr
+
+
+def test_generate_reports_bad_input_cleanly(llama_dir, tmp_path):
+    r = run_cli("generate", "hello", "--model", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "model directory or GGUF file not found" in r.stderr
+    r = run_cli("generate", "hello", "--model", llama_dir, "--top-p", "0")
+    assert r.returncode == 2 and "top_p" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+def test_bench_compares_with_transformers(llama_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    r = run_cli("bench", "--model", llama_dir, "--batch-sizes", "1", "2", "--max-tokens", "8", "--repeats", "1",
+                "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    info = json.loads(out.read_text())
+    assert [row["batch_size"] for row in info["results"]] == [1, 2]
+    assert info["results"][0]["greedy_agreement"] == "1/1"
+    assert all(row["sonarspec_tok_s"] > 0 and row["transformers_tok_s"] > 0 for row in info["results"])
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+def test_bench_spec_mtp_runs_every_scheme_in_one_run(llama_dir, draft_dir, tmp_path):
+    from helpers.mtp_fixtures import random_head, save
+    head = save(random_head(llama_dir), str(tmp_path / "head"))
+    out = tmp_path / "spec.json"
+    r = run_cli("bench", "--spec", "mtp", "--model", llama_dir, "--draft", draft_dir, "--mtp", head, "--ks", "2",
+                "--mtp-ks", "1", "2", "--batch-sizes", "1", "--max-tokens", "8", "--repeats", "2",
+                "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert [row["scheme"] for row in rows] == ["plain", "draft_target K=2", "mtp K=1", "mtp K=2"]
+    assert all(row["tok_s"] > 0 and row["tau"] >= 1 for row in rows)
+    assert len(rows[3]["accepted_per_position"]) == 2
+    assert all(row["greedy_agreement"] == "8/8" for row in rows)   # the 8 benchmark prompts
+    info = json.loads(out.read_text())
+    assert (info["device"], info["dtype"]) == ("cpu", "float32")
+    r = run_cli("bench", "--spec", "mtp", "--model", llama_dir, "--draft", draft_dir, "--mtp", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "MTP head directory not found" in r.stderr
+    r = run_cli("bench", "--model", llama_dir, "--device", "cuda")
+    assert r.returncode == 2 and "apply to --spec all/mtp/eagle_tree" in r.stderr
+    r = run_cli("bench", "--spec", "mtp", "--model", llama_dir, "--draft", draft_dir, "--mtp", head, "--cuda-graphs")
+    assert r.returncode == 2 and "cuda_graphs needs a CUDA device" in r.stderr
+    r = run_cli("bench", "--spec", "mtp", "--model", llama_dir, "--draft", draft_dir, "--mtp", head, "--ks", "2",
+                "--mtp-ks", "2", "--batch-sizes", "1", "--max-tokens", "8", "--repeats", "1", "--temperature", "0.8",
+                "--top-p", "0.9", "--draft-sampling", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    info = json.loads(out.read_text())
+    assert (info["temperature"], info["top_p"], info["draft_sampling"]) == (0.8, 0.9, True) and "T = 0.8" in r.stdout
+    assert all(row["tok_s"] > 0 and "greedy_agreement" not in row for row in info["results"])
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+def test_bench_eagle_tree_sets_trees_beside_chains_and_times_attention(llama_dir, tmp_path):
+    from helpers.mtp_fixtures import random_head, save
+    head = save(random_head(llama_dir), str(tmp_path / "head"))
+    out = tmp_path / "tree.json"
+    r = run_cli("bench", "--spec", "eagle_tree", "--model", llama_dir, "--mtp", head, "--mtp-ks", "2",
+                "--tree-top-k", "2", "--tree-nodes", "5", "--batch-sizes", "1", "--max-tokens", "8", "--repeats", "1",
+                "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    info = json.loads(out.read_text())
+    assert [row["scheme"] for row in info["results"]] == ["plain", "mtp K=2", "eagle_tree d=2 k=2 n=5"]
+    assert all(row["tok_s"] > 0 and row["tau"] >= 1 for row in info["results"])
+    assert {(a["context"], a["query_tokens"]) for a in info["attention"]} >= {(128, 17), (512, 33)}
+    assert all(a["chain_us"] > 0 and a["tree_us"] > 0 for a in info["attention"])
+    r = run_cli("generate", "hello", "--model", llama_dir, "--spec", "eagle_tree", "--draft", head,
+                "--max-tokens", "12", "--ignore-eos")
+    ref = LLM(llama_dir).generate("hello", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    assert r.returncode == 0 and r.stdout.rstrip("\n") == "hello" + ref.text, r.stderr
+
+
+def test_bench_spec_records_a_failing_scheme_and_measures_the_rest(llama_dir, draft_dir, monkeypatch, capsys):
+    import sonarspec_ext.bench.spec as bs
+    run = bs._run_llm
+
+    def flaky(llm, *args):
+        if llm.engine.spec.num_draft_tokens == 3:
+            raise RuntimeError("kernel launch failed")
+        return run(llm, *args)
+    monkeypatch.setattr(bs, "_run_llm", flaky)
+    info = bs.bench_spec(llama_dir, draft_dir, ks=(2, 3), batch_sizes=(1,), max_tokens=4, repeats=1,
+                         with_transformers=False, mtp_ks=(), with_ngram=False)
+    rows = {r["scheme"]: r for r in info["results"]}
+    assert rows["draft_target K=3"] == {"batch_size": 1, "scheme": "draft_target K=3",
+                                        "error": "RuntimeError: kernel launch failed"}
+    assert rows["plain"]["tok_s"] > 0 and rows["draft_target K=2"]["greedy_agreement"] == "8/8"
+    bs.print_spec_table(info)
+    assert "draft_target K=3           failed: RuntimeError: kernel launch failed" in capsys.readouterr().out
+
+
+def test_chat_and_generate_chat_on_a_gguf_file(tmp_path):
+    """`sonarspec chat` streams each reply (the same text LLM.chat gives) and reports speed per
+    turn; /reset starts over; `generate --chat` answers one message."""
+    from helpers.models import make_hf_model
+    from helpers.gguf_fixtures import write_gguf
+    hf = str(tmp_path / "hf")
+    make_hf_model(hf, "llama", seed=5)
+    path = write_gguf(hf, str(tmp_path / "chat.gguf"), chat_template=CHATML)
+    ref = LLM(path).chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=6, temperature=0))[0]
+    r = subprocess.run([sys.executable, "-m", "sonarspec_ext.cli", "chat", "--model", path, "--max-tokens", "6"],
+                       input="hi\n/reset\nhi\n/exit\n", capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count(ref.text) >= 2 and "(new conversation)" in r.stderr
+    assert r.stderr.count(f"[{len(ref.token_ids)} tokens in") == 2 and "tok/s" in r.stderr
+    r = run_cli("generate", "hi", "--chat", "--model", path, "--max-tokens", "6", "--spec", "none")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n") == ref.text

@@ -1,0 +1,316 @@
+"""`sonarspec serve`: the OpenAI-compatible server against the library's own outputs (the
+oracle: ``LLM.generate`` / ``LLM.chat`` on the same model), through a real uvicorn server and
+the ``openai`` client; bad input answered with OpenAI-shaped errors while serving goes on;
+clients that disconnect have their requests aborted and their KV pages freed."""
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from sonarspec_ext import LLM, SamplingParams, SpecConfig
+from helpers.models import CHATML
+from sonarspec_ext.server.app import ServerLimits, create_app
+
+KEY = "test-key"
+
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The packaged target (its MTP head drafts) with a ChatML template, behind uvicorn."""
+    import shutil
+    import uvicorn
+    from sonarspec_ext.assets import resolve
+    model = str(tmp_path_factory.mktemp("served") / "target")
+    shutil.copytree(resolve("default", "target"), model)
+    with open(f"{model}/tokenizer_config.json") as fh:
+        cfg = json.load(fh)
+    with open(f"{model}/tokenizer_config.json", "w") as fh:
+        json.dump({**cfg, "chat_template": CHATML}, fh)
+    spec = SpecConfig(method="mtp", draft=resolve("default", "mtp"), num_draft_tokens=2)
+    llm = LLM(model, spec=spec)
+    app = create_app(llm, "tiny", api_key=KEY, limits=ServerLimits(max_body_bytes=20_000, max_prompt_tokens=300,
+                                                                    max_tokens=1000))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    oracle = LLM(model, spec=spec)
+    yield f"http://127.0.0.1:{port}", app, llm, oracle
+    srv.should_exit = True
+    th.join(timeout=10)
+
+
+def _wait_until_idle(app, llm, timeout_s: float = 10.0):
+    """Waits until the engine thread tracks no request and every KV page is free; asserts it."""
+    total = llm.engine.kv_cache.num_pages
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        if not app.state.engine_loop._tracked and llm.engine.planner.num_free_pages == total:
+            break
+        time.sleep(0.05)
+    assert not app.state.engine_loop._tracked and llm.engine.planner.num_free_pages == total
+
+
+def _post(url, path, body, key=KEY, **kw):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(url + path, json=body, headers=headers, timeout=60, **kw)
+
+
+def test_completions_and_chat_equal_the_library(server):
+    url, _, _, oracle = server
+    r = _post(url, "/v1/completions", {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 24,
+                                       "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    want = oracle.generate(["def add(a, b):"], SamplingParams(max_tokens=24, temperature=0))[0]
+    assert body["choices"][0]["text"] == want.text and body["object"] == "text_completion"
+    assert body["usage"] == {"prompt_tokens": len(want.prompt_token_ids), "completion_tokens": len(want.token_ids),
+                             "total_tokens": len(want.prompt_token_ids) + len(want.token_ids)}
+    assert body["choices"][0]["finish_reason"] == want.finish_reason and body["id"].startswith("cmpl-")
+    msgs = [{"role": "user", "content": "Write a loop."}]
+    r = _post(url, "/v1/chat/completions", {"messages": msgs, "max_completion_tokens": 20, "temperature": 0})
+    assert r.status_code == 200, r.text
+    want = oracle.chat(msgs, SamplingParams(max_tokens=20, temperature=0))[0]
+    assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": want.text}
+    assert r.json()["speculation"]["num_draft_tokens"] > 0
+
+
+def test_streaming_is_the_same_text_in_openai_chunks(server):
+    url, _, _, oracle = server
+    body = {"prompt": "class Stack:", "max_tokens": 30, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                      timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    want = oracle.generate(["class Stack:"], SamplingParams(max_tokens=30, temperature=0))[0]
+    assert text == want.text
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == want.finish_reason
+    assert chunks[-1]["usage"]["completion_tokens"] == len(want.token_ids) and chunks[-1]["choices"] == []
+
+
+def test_the_openai_client_chats_and_streams(server):
+    openai = pytest.importorskip("openai")
+    url, _, _, oracle = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sort a list."}]
+    out = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=16, temperature=0)
+    want = oracle.chat(msgs, SamplingParams(max_tokens=16, temperature=0))[0]
+    assert out.choices[0].message.content == want.text and out.usage.completion_tokens == len(want.token_ids)
+    parts = [c.choices[0].delta.content or "" for c in
+             client.chat.completions.create(model="tiny", messages=msgs, max_tokens=16, temperature=0, stream=True)
+             if c.choices]
+    assert "".join(parts) == want.text
+
+
+def test_concurrent_clients_share_batches_and_get_their_own_answers(server):
+    url, _, _, oracle = server
+    prompts = [f"def f{i}(x):" for i in range(8)]
+    params = [{"prompt": p, "max_tokens": 20, "temperature": 0.8, "seed": i} for i, p in enumerate(prompts)]
+    with ThreadPoolExecutor(8) as ex:
+        got = list(ex.map(lambda b: _post(url, "/v1/completions", b).json()["choices"][0]["text"], params))
+    want = [oracle.generate([p], SamplingParams(max_tokens=20, temperature=0.8, seed=i))[0].text
+            for i, p in enumerate(prompts)]
+    assert got == want
+
+
+@pytest.mark.parametrize("body,status,words", [
+    ({"prompt": "x", "n": 2}, 400, "n = 2"),
+    ({"prompt": "x", "max_tokens": -3}, 400, "max_tokens"),
+    ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": 42}, 400, "prompt"),
+    ({"prompt": "x", "best_of_unknown": 1}, 400, "best_of_unknown"),
+    ({"prompt": "x", "stop": ["a"] * 3, "seed": 2 ** 70}, 400, "seed"),
+    ({"prompt": "x", "logprobs": 6}, 400, "logprobs"),
+    ({"prompt": "x", "temperature": -1}, 400, "temperature"),
+    ({"prompt": "x", "max_tokens": 1500}, 400, "limit of 1000"),
+    ({"prompt": "x " * 400}, 400, "at most 300"),
+    ({"prompt": [1, 2, 10 ** 9]}, 400, "token ids"),
+    ({"prompt": "x", "model": "gpt-4"}, 404, "not served here"),
+    ({"max_tokens": 3}, 400, "prompt"),
+    ({"prompt": "x" * 30_000}, 413, "larger than"),
+])
+def test_bad_requests_get_openai_errors_and_serving_goes_on(server, body, status, words):
+    url = server[0]
+    r = _post(url, "/v1/completions", body)
+    assert r.status_code == status and words in r.json()["error"]["message"], r.text
+    assert _post(url, "/v1/completions", {"prompt": "ok", "max_tokens": 2}).status_code == 200
+
+
+def test_bad_json_bad_messages_and_api_keys(server):
+    url = server[0]
+    r = httpx.post(url + "/v1/completions", content=b"{not json", headers={"Authorization": f"Bearer {KEY}",
+                                                                         "content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(url + "/v1/completions", content=b'{"prompt": "x", "temperature": NaN}',
+                   headers={"Authorization": f"Bearer {KEY}", "content-type": "application/json"})
+    assert r.status_code == 400 and "temperature" in r.json()["error"]["message"]
+    r = _post(url, "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]})
+    assert r.status_code == 400 and "role" in r.json()["error"]["message"]
+    assert _post(url, "/v1/completions", {"prompt": "x"}, key=None).status_code == 401
+    assert _post(url, "/v1/completions", {"prompt": "x"}, key="wrong").status_code == 401
+    assert httpx.get(url + "/health").status_code == 200          # no key needed outside /v1
+    assert httpx.get(url + "/v1/models").status_code == 401
+
+
+def test_a_client_that_leaves_frees_its_request(server):
+    url, app, llm, _ = server
+    body = {"prompt": "while True:", "max_tokens": 1000, "temperature": 0, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                      timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                break                                                # leave after the first text
+    _wait_until_idle(app, llm)
+    metrics = httpx.get(url + "/metrics").text
+    assert 'sonarspec_requests_finished_total{reason="abort"}' in metrics
+    assert "sonarspec_spec_draft_tokens_total" in metrics and "sonarspec_time_to_first_token_seconds_bucket" in metrics
+
+
+def test_sonarspec_serve_command(tmp_path):
+    """The CLI entry point: binds 127.0.0.1, answers /health and a completion, stops on SIGTERM."""
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "sonarspec_ext.cli", "serve", "--model", "default", "--port",
+                             str(port), "--spec", "mtp", "--spec-max-batch", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        r = httpx.post(url + "/v1/completions", json={"prompt": "def f():", "max_tokens": 5, "temperature": 0},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+        assert r.json()["model"] == "default"
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert f"http://127.0.0.1:{port}/v1" in err
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_200_streaming_clients_a_third_leaving(server):
+    """Load and faults: 200 concurrent streaming clients of mixed lengths, every third one
+    leaving after its first text; then every KV page is free, /health answers, the clients
+    that stayed got the offline greedy outputs, and a second round does not grow memory."""
+    import asyncio
+    url, app, llm, oracle = server
+    prompts = [f"def task_{i}(n):" for i in range(200)]
+    lengths = [4 + (i * 7) % 37 for i in range(200)]
+
+    async def client(http, i):
+        body = {"prompt": prompts[i], "max_tokens": lengths[i], "temperature": 0, "stream": True}
+        text = []
+        async with http.stream("POST", url + "/v1/completions", json=body,
+                               headers={"Authorization": f"Bearer {KEY}"}) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line == "data: [DONE]":
+                    return "".join(text)
+                if line.startswith("data: {"):
+                    choices = json.loads(line[6:])["choices"]
+                    text += [c["text"] for c in choices]
+                    if i % 3 == 0 and "".join(text):
+                        return None   # leaves mid-stream
+        return "".join(text)
+
+    async def round_():
+        limits = httpx.Limits(max_connections=250, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+            return await asyncio.gather(*(client(http, i) for i in range(200)))
+
+    want = {i: o.text for i, o in zip(range(200), oracle.generate(
+        prompts, [SamplingParams(max_tokens=n, temperature=0) for n in lengths])) if i % 3}
+    sizes = []
+    for _ in range(2):
+        got = asyncio.run(round_())
+        assert {i: t for i, t in enumerate(got) if i % 3} == want
+        _wait_until_idle(app, llm)
+        assert not llm.engine.seqs and httpx.get(url + "/health").status_code == 200
+        sizes.append(_rss_mb())
+    assert sizes[1] - sizes[0] < 64, sizes
+
+
+def test_stop_strings_and_seeds_through_the_openai_client(server):
+    openai = pytest.importorskip("openai")
+    url, _, _, oracle = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
+    free = oracle.generate(["def g(x):"], SamplingParams(max_tokens=30, temperature=0))[0].text
+    stop = free[len(free) // 2:len(free) // 2 + 2]
+    assert stop.strip()
+    out = client.completions.create(model="tiny", prompt="def g(x):", max_tokens=30, temperature=0, stop=[stop])
+    want = oracle.generate(["def g(x):"], SamplingParams(max_tokens=30, temperature=0, stop=[stop]))[0]
+    assert out.choices[0].text == want.text and stop not in want.text and out.choices[0].finish_reason == "stop"
+    kw = dict(model="tiny", prompt="import os\n", max_tokens=20, temperature=0.9)
+    a = client.completions.create(seed=11, **kw).choices[0].text
+    b = client.completions.create(seed=11, **kw).choices[0].text
+    c = client.completions.create(seed=12, **kw).choices[0].text
+    assert a == b == oracle.generate(["import os\n"], SamplingParams(max_tokens=20, temperature=0.9, seed=11))[0].text
+    assert c != a
+
+
+def test_logprobs_through_the_openai_client_equal_the_library(server):
+    """Completions' and chat's logprobs (OpenAI's two shapes), streamed and not: the
+    library's ``RequestOutput.logprobs`` for the same request; bad values are 400s."""
+    openai = pytest.importorskip("openai")
+    url, _, _, oracle = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
+    want = oracle.generate(["def add(a, b):"], SamplingParams(max_tokens=12, temperature=0, logprobs=2))[0]
+    r = client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=12, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx([e.logprob for e in want.logprobs], abs=1e-6)
+    assert lp.tokens == [oracle.tokenizer.decode([e.token_id]) for e in want.logprobs]
+    assert "".join(lp.tokens) == r.choices[0].text and lp.text_offset[0] == 0
+    assert [len(t) for t in lp.top_logprobs] == [len({oracle.tokenizer.decode([i]) for i, _ in e.top})
+                                                 for e in want.logprobs]
+    streamed = [c.choices[0].logprobs for c in client.completions.create(
+        model="tiny", prompt="def add(a, b):", max_tokens=12, temperature=0, logprobs=2, stream=True)
+        if c.choices and c.choices[0].logprobs is not None]
+    assert sum((c.token_logprobs for c in streamed), []) == pytest.approx(lp.token_logprobs, abs=1e-6)
+    assert sum((c.text_offset for c in streamed), []) == lp.text_offset
+    messages = [{"role": "user", "content": "hi"}]
+    want = oracle.chat(messages, SamplingParams(max_tokens=10, temperature=0, logprobs=3))[0]
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx([e.logprob for e in want.logprobs], abs=1e-6)
+    assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token for c in content)
+    assert all(bytes(c.bytes).decode("utf-8") == c.token for c in content)
+    chunks = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0,
+                                            logprobs=True, stream=True)
+    streamed = sum((c.choices[0].logprobs.content for c in chunks if c.choices and c.choices[0].logprobs), [])
+    assert [c.logprob for c in streamed] == pytest.approx([c.logprob for c in content], abs=1e-6)
+    assert all(c.top_logprobs == [] for c in streamed)
+    assert client.completions.create(model="tiny", prompt="x", max_tokens=2).choices[0].logprobs is None
+    for body in ({"messages": messages, "top_logprobs": 2}, {"messages": messages, "logprobs": True,
+                                                             "top_logprobs": 21}):
+        r = _post(url, "/v1/chat/completions", body)
+        assert r.status_code == 400 and "logprobs" in r.json()["error"]["message"], r.text

@@ -1,0 +1,1 @@
+"""Shared test helpers: model builders, oracles' checks, statistics, fixtures' makers."""

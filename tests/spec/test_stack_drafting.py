@@ -1,0 +1,166 @@
+"""Drafting with the native stack (``ops.stack_drafting``): drafter forwards over rows of
+tokens and greedy chains in one call each, against the per-op Python path - every
+proposed chain and every output the same, step after step, for MTP heads (both layouts),
+draft models (also with a sliding window and a padded vocabulary) and the packaged models
+at batch 4; row forwards equal bit for bit."""
+import pytest
+import torch
+
+import sonarspec_ext.spec.proposer as proposer_mod
+from helpers.drafting import PROMPTS, record_drafts
+from sonarspec_ext import LLM, SamplingParams, SpecConfig
+from sonarspec_ext.ops.stack_drafting import chain, rows_forward
+from sonarspec_ext.spec.proposer import native_chains
+
+@pytest.mark.parametrize("which,k", [("random", 3), ("random_eagle1", 4), ("trained", 2)])
+def test_mtp_chains_equal_round_by_round(llama_dir, heads, which, k, monkeypatch):
+    spec = SpecConfig(method="mtp", draft=heads[which], num_draft_tokens=k)
+    a, out_a, used = record_drafts(llama_dir, spec, PROMPTS, True, monkeypatch)
+    b, out_b, _ = record_drafts(llama_dir, spec, PROMPTS, False, monkeypatch)
+    assert any(used), "the native chain never ran"
+    assert a == b and out_a == out_b
+
+
+def test_mtp_chains_over_a_draft_vocabulary_equal_round_by_round(llama_dir, heads, tmp_path, monkeypatch):
+    """A head proposing from a draft vocabulary: the native chain embeds the token of each
+    picked lm_head row, as the rounds one by one do."""
+    from helpers.mtp_fixtures import save
+    from sonarspec_ext.models.loader import load_model
+    from sonarspec_ext.models.mtp_loader import load_mtp_head
+    head = load_mtp_head(heads["trained"], load_model(llama_dir))
+    head.set_draft_vocab(torch.arange(0, 256, 2))
+    spec = SpecConfig(method="mtp", draft=save(head, str(tmp_path / "vocab")), num_draft_tokens=3)
+    a, out_a, used = record_drafts(llama_dir, spec, PROMPTS, True, monkeypatch)
+    b, out_b, _ = record_drafts(llama_dir, spec, PROMPTS, False, monkeypatch)
+    assert any(used), "the native chain never ran"
+    assert a == b and out_a == out_b
+
+
+@pytest.mark.parametrize("fixture", ["draft_dir", "padded_draft_dir", "mistral_dir"])
+def test_draft_model_chains_equal_round_by_round(llama_dir, mistral_dir, request, fixture, monkeypatch):
+    target = mistral_dir if fixture == "mistral_dir" else llama_dir
+    spec = SpecConfig(method="draft_target", draft=request.getfixturevalue(fixture), num_draft_tokens=4)
+    a, out_a, used = record_drafts(target, spec, PROMPTS, True, monkeypatch)
+    b, out_b, _ = record_drafts(target, spec, PROMPTS, False, monkeypatch)
+    assert any(used), "the native chain never ran"
+    assert a == b and out_a == out_b
+
+
+@pytest.mark.parametrize("method,k", [("mtp", 3), ("draft_target", 4)])
+def test_sampled_drafts_equal_round_by_round(method, k, monkeypatch):
+    """Drafts drawn from the drafter's distribution (draft_sampling): the native chain draws
+    the same tokens with the same distributions as the rounds one by one, for seeded sampled
+    requests mixed with a greedy one, and the outputs agree."""
+    spec = SpecConfig(method=method, num_draft_tokens=k)
+    prompts = ["def parse_args(argv):", "import os\n", "class Stack:"]
+    params = [SamplingParams(max_tokens=40, temperature=t, top_k=tk, top_p=tp, seed=s, ignore_eos=True)
+              for t, tk, tp, s in ((0.8, 0, 0.95, 1), (1.0, 50, 1.0, 2), (0.0, 0, 1.0, 3))]
+    runs, used = [], []
+
+    def counting(*a, **kw):
+        out = native_chains(*a, **kw)
+        used.append(out is not None)
+        return out
+    for native in (True, False):
+        monkeypatch.setattr(proposer_mod, "native_chains", counting if native else (lambda *a, **kw: None))
+        llm = LLM("default", spec=spec, draft_sampling=True)
+        llm.engine.proposer.device_chain = native
+        seen, real = [], llm.engine.proposer.propose
+
+        def recording(seqs, ks, real=real, seen=seen):
+            out = real(seqs, ks)
+            seen.append([(d.token_ids, d.probs) for d in out])
+            return out
+        llm.engine.proposer.propose = recording
+        outs = [o.token_ids for o in llm.generate(prompts, params)]
+        runs.append((seen, outs))
+    (a, out_a), (b, out_b) = runs
+    assert sum(used) >= 5, "the native chain never ran"
+    assert out_a == out_b and len(a) == len(b)
+    for step_a, step_b in zip(a, b):
+        assert [t for t, _ in step_a] == [t for t, _ in step_b]
+        for (_, pa), (_, pb) in zip(step_a, step_b):
+            assert (pa is None and pb is None) or torch.equal(pa, pb)
+    assert any(pa is None for step in a for _, pa in step) and any(pa is not None for step in a for _, pa in step)
+
+
+@pytest.mark.parametrize("method,k", [("mtp", 3), ("draft_target", 4)])
+def test_packaged_models_batch_4(method, k, monkeypatch):
+    spec = SpecConfig(method=method, num_draft_tokens=k)
+    prompts = ["def parse_args(argv):", "import os\n", "class Stack:", "for i in range(10):"]
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    a, out_a, used = record_drafts("default", spec, prompts, True, monkeypatch, params)
+    b, out_b, _ = record_drafts("default", spec, prompts, False, monkeypatch, params)
+    assert sum(used) >= 8
+    assert a == b and out_a == out_b
+
+
+def _drafter_rows(method: str, seed: int):
+    """The packaged drafter's runner, three rows (start, tokens, page table) of 5, 1 and 3
+    tokens, and target features for an MTP head."""
+    runner = LLM("default", spec=SpecConfig(method=method, num_draft_tokens=4)).engine.proposer.runner
+    g = torch.Generator().manual_seed(seed)
+    rows = [(0, torch.randint(0, 8000, (5,), generator=g).tolist(), [3, 1]),
+            (7, torch.randint(0, 8000, (1,), generator=g).tolist(), [0]),
+            (12, torch.randint(0, 8000, (3,), generator=g).tolist(), [2, 4])]
+    return runner, rows, (torch.randn(9, 256, generator=g) if method == "mtp" else None)
+
+
+@pytest.mark.parametrize("method", ["mtp", "draft_target"])
+def test_row_forwards_equal_the_per_op_path(method):
+    """A drafter's forward over rows of several tokens (refills), native and op by op on the
+    same cache: the same logits and outputs, bit for bit."""
+    runner, rows, feats = _drafter_rows(method, seed=0)
+    native = runner._native_rows(rows, None, feats)
+    assert native is not None
+    runner._native_rows = lambda *a, **k: None
+    per_op = runner.forward_rows(rows, None, features=feats)
+    if feats is None:
+        per_op = (per_op, None)
+    assert torch.equal(native[0], per_op[0])
+    if feats is not None:
+        assert torch.equal(native[1], per_op[1])
+
+
+def test_greedy_chain_rejects_bad_input():
+    llm = LLM("default", spec=SpecConfig(method="draft_target", num_draft_tokens=3))
+    runner = llm.engine.proposer.runner
+    stack, model = runner.stack(), llm.engine.proposer.model
+    embed, lm_head = model.model.embed_tokens.weight, model.lm_head.weight
+    table = torch.arange(4).view(1, 4)
+    one = torch.tensor([1])
+    with pytest.raises(ValueError, match="outside the block table"):
+        chain(stack, embed, lm_head, 100, one, torch.tensor([63]), table, 16, 0, 2)
+    with pytest.raises(ValueError, match="tokens must be"):
+        chain(stack, embed, lm_head, 100, one.int(), torch.tensor([3]), table, 16, 0, 2)
+    with pytest.raises(ValueError, match="vocab"):
+        chain(stack, embed, lm_head, lm_head.shape[0] + 1, one, torch.tensor([3]), table, 16, 0, 2)
+    with pytest.raises(ValueError, match="features go with MTP heads"):
+        chain(stack, embed, lm_head, 100, one, torch.tensor([3]), table, 16, 0, 2,
+              features=torch.zeros(1, model.config.hidden_size))
+    with pytest.raises(ValueError, match="uniforms must be"):
+        chain(stack, embed, lm_head, 100, one, torch.tensor([3]), table, 16, 0, 2,
+              sampling=(torch.ones(1), torch.zeros(1, dtype=torch.long), torch.ones(1), torch.zeros(1, 3).double()))
+    with pytest.raises(ValueError, match="rows of at least one token"):
+        rows_forward(stack, embed, lm_head, one, torch.tensor([3]), torch.tensor([0]), table, 16)
+    with pytest.raises(ValueError, match="token 9000 out of range"):
+        rows_forward(stack, embed, lm_head, torch.tensor([9000]), torch.tensor([3]), torch.tensor([1]), table, 16)
+
+
+@pytest.mark.parametrize("method", ["mtp", "draft_target"])
+def test_refill_chain_equals_rows_forward_then_top_token_then_chain(method):
+    """A drafter's refill and next chain in one native call: bit for bit the row forward,
+    torch's argmax of its logits, and the chain from there (an MTP head from the row
+    forward's outputs)."""
+    from sonarspec_ext.ops.stack_drafting import block_table
+    runner, rows, feats = _drafter_rows(method, seed=1)
+    logits, outputs, tokens = runner.refill_chain(rows, None, 8192, 3, features=feats)
+    ref_logits, ref_outputs = runner._native_rows(rows, None, feats)
+    first = ref_logits.argmax(-1)
+    positions = torch.tensor([start + len(toks) for start, toks, _ in rows])
+    embed, lm_head, row_ids = runner.model.drafting_io()
+    ref_chain, _ = chain(runner.stack(), embed, lm_head, 8192, first, positions,
+                         block_table([t for *_, t in rows]), runner.kv_cache.page_size, None, 3,
+                         ref_outputs if method == "mtp" else None, row_ids=row_ids)
+    assert torch.equal(logits, ref_logits) and torch.equal(outputs, ref_outputs)
+    assert torch.equal(tokens[:, 0], first) and torch.equal(tokens[:, 1:], ref_chain)

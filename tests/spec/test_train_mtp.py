@@ -1,0 +1,177 @@
+"""MTP head training: the unrolled chain against step-by-step inference, features against
+transformers, resumable feature pass and training, the train-mtp command and its errors."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.models import hf_load
+from helpers.mtp_fixtures import random_head, sampled_windows
+from sonarspec_ext.cli import main
+from sonarspec_ext.layers.attention import DenseCausalAttention
+from sonarspec_ext.models.loader import load_model
+from sonarspec_ext.train.data import read_corpus
+from sonarspec_ext.train.features import FeatureSet, compute_features
+from sonarspec_ext.train.mtp_train import TrainConfig, train_head, unrolled_features
+from sonarspec_ext.train.unroll import chain_mask
+
+QUIET = dict(log=lambda *_: None)
+
+
+def test_chain_mask_small_case():
+    # step 2, T = 4: query i sees step-1 keys p <= i - 1 and its own step-2 key at i
+    expected = torch.tensor([[0, 0, 0, 0, 1, 0, 0, 0],    # no real chain at i = 0 (left out of the loss)
+                             [1, 0, 0, 0, 0, 1, 0, 0],
+                             [1, 1, 0, 0, 0, 0, 1, 0],
+                             [1, 1, 1, 0, 0, 0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(chain_mask(2, 4), expected)
+
+
+def test_unrolled_training_equals_chain_inference(llama_dir):
+    """Step k of the unrolled pass equals running the head as a draft chain: accurate
+    features up to position i-k+1, then its own outputs, one position at a time."""
+    head = random_head(llama_dir)
+    T, H = 9, head.config.hidden_size
+    tokens, hidden = torch.randint(0, 256, (2, T)), torch.randn(2, T, H)
+    with torch.no_grad():
+        outs = unrolled_features(head, tokens, hidden, unroll=3)
+        for b in range(2):
+            for i in range(2, T - 1):
+                a = i - 2   # the chain of step 3 at position i leaves the accurate positions at a
+                feats, ids = [hidden[b, p] for p in range(a + 1)], [tokens[b, p + 1] for p in range(a + 1)]
+                f = None
+                for pos in range(a, i + 1):
+                    if pos > a:
+                        feats.append(f)
+                        ids.append(tokens[b, pos + 1])
+                    n = len(ids)
+                    f = head(torch.stack(ids), torch.arange(n), DenseCausalAttention(1, n), torch.stack(feats))[-1]
+                torch.testing.assert_close(outs[2][b, i], f, rtol=1e-4, atol=1e-4)
+
+
+def test_features_match_transformers_and_resume(llama_dir, tmp_path):
+    win = sampled_windows(llama_dir, 5, 16)
+    target = load_model(llama_dir)
+    import sonarspec_ext.train.features as feat
+    old = feat.SHARD_WINDOWS
+    feat.SHARD_WINDOWS = 2
+    try:
+        compute_features(target, win, str(tmp_path / "f"), "fp", "tok", "float32", batch_windows=2, **QUIET)
+        first = FeatureSet(str(tmp_path / "f"))
+        os.remove(tmp_path / "f" / "shard-00001.safetensors")      # an interrupted pass
+        index = compute_features(target, win, str(tmp_path / "f"), "fp", "tok", "float32", **QUIET)
+    finally:
+        feat.SHARD_WINDOWS = old
+    assert [s["num_windows"] for s in index["shards"]] == [2, 2, 1]
+    again = FeatureSet(str(tmp_path / "f"))
+    assert torch.equal(first.hidden, again.hidden) and torch.equal(again.tokens, torch.from_numpy(win).long())
+    with torch.no_grad():
+        ref = hf_load(llama_dir)(torch.from_numpy(win).long(), output_hidden_states=True).hidden_states[-1]
+    torch.testing.assert_close(again.hidden, ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="target_fingerprint"):
+        compute_features(target, win, str(tmp_path / "f"), "other", "tok", "float32", **QUIET)
+    with pytest.raises(ValueError, match="computed by another target"):
+        FeatureSet(str(tmp_path / "f"), target_fp="other")
+
+
+@pytest.mark.slow
+def test_training_resumes_exactly(llama_dir, tmp_path, monkeypatch):
+    win = sampled_windows(llama_dir, 12, 24)
+    target = load_model(llama_dir)
+    compute_features(target, win, str(tmp_path / "f"), "fp", "tok", "float32", **QUIET)
+    fs = FeatureSet(str(tmp_path / "f"))
+    cfg = TrainConfig(max_steps=6, batch_size=4, warmup=2, unroll=2, eval_every=3, checkpoint_every=3, eval_windows=4)
+    straight = random_head(llama_dir)
+    hist = train_head(straight, fs, fs, cfg, str(tmp_path / "a"), **QUIET)
+    assert hist["train"][-1]["loss"] < hist["train"][0]["loss"]
+    import sonarspec_ext.train.mtp_train as mt
+    real, calls = mt.evaluate, []
+
+    def crash_on_second(*a):   # the run dies at step 6, after the step-3 checkpoint
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a)
+    monkeypatch.setattr(mt, "evaluate", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        train_head(random_head(llama_dir), fs, fs, cfg, str(tmp_path / "b"), **QUIET)
+    monkeypatch.setattr(mt, "evaluate", real)
+    with pytest.raises(ValueError, match="another training configuration"):
+        train_head(random_head(llama_dir), fs, fs, TrainConfig(**{**cfg.__dict__, "lr": 1.0}),
+                   str(tmp_path / "b"), resume=True, **QUIET)
+    resumed = random_head(llama_dir, seed=7)   # different init: everything must come from the checkpoint
+    train_head(resumed, fs, fs, cfg, str(tmp_path / "b"), resume=True, **QUIET)
+    for (n, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=n)
+
+
+def _corpus(tmp_path):
+    d = tmp_path / "corpus"
+    (d / "sub").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "def", "return", "(", ")", ":", "\n"]
+    for i in range(40):
+        (d / ("sub" if i % 2 else "") / f"doc{i}.txt").write_text(" ".join(rng.choice(words, 60)))
+    (d / "extra.jsonl").write_text("\n".join(json.dumps({"text": " ".join(rng.choice(words, 60))})
+                                             for _ in range(10)))
+    return d
+
+
+@pytest.mark.slow
+def test_train_mtp_command_end_to_end(llama_dir, tmp_path):
+    corpus = _corpus(tmp_path)
+    train, val = read_corpus([str(corpus)])
+    assert len(train) + len(val) == 50 and val
+    out = tmp_path / "head"
+    rc = main(["train-mtp", "--target", llama_dir, "--data", str(corpus), "--out", str(out), "--max-steps", "4",
+               "--seq-len", "32", "--max-windows", "40", "--eval-every", "2", "--batch-size", "4",
+               "--formats", "sonarspec", "deepseek"])
+    assert rc == 0
+    info = json.load(open(out / "training.json"))
+    v = info["engine_validation"]
+    assert v["equal_to_plain_decoding"] and len(v["accepted_per_position"]) == 3
+    assert os.path.isfile(tmp_path / "head-deepseek" / "model.safetensors")
+    assert not any(n.startswith(".export-") for n in os.listdir(tmp_path))
+
+
+def test_train_mtp_bad_input(llama_dir, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["train-mtp", "--target", llama_dir, "--data", str(empty), "--out", str(tmp_path / "o")]) == 2
+    assert "holds no non-empty text documents" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"body": "x"}\n')
+    assert main(["train-mtp", "--target", llama_dir, "--data", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "expected a JSON object with a 'text' field" in capsys.readouterr().err
+    assert main(["train-mtp", "--target", llama_dir, "--data", str(_corpus(tmp_path)),
+                 "--out", "/proc/no/such/dir"]) == 2
+    assert "cannot be written" in capsys.readouterr().err
+    assert main(["train-mtp", "--target", llama_dir, "--data", str(empty), "--out", str(tmp_path / "o"),
+                 "--layout", "eagle1", "--formats", "deepseek"]) == 2
+    assert "can be exported as sonarspec or eagle1" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_jsonl_split_field_decides_the_held_out_documents(tmp_path):
+    f = tmp_path / "c.jsonl"
+    recs = [{"text": f"doc {i}", "split": "val" if i % 3 == 0 else "train"} for i in range(12)]
+    f.write_text("\n".join(json.dumps(r) for r in recs))
+    train, val = read_corpus([str(f)])
+    assert val == [f"doc {i}" for i in range(0, 12, 3)] and len(train) == 8
+    f.write_text(json.dumps({"text": "x", "split": "test"}))
+    with pytest.raises(ValueError, match="'split' must be 'train' or 'val'"):
+        read_corpus([str(f)])
+
+
+@pytest.mark.slow
+def test_train_mtp_short_windows_on_a_compact_target_and_a_file_as_out(tmp_path):
+    """bfloat16-weight targets keep float32 activations: a 64-token feature pass (native
+    attention) needs a float32 KV pool; --out naming a file is refused before training."""
+    corpus = _corpus(tmp_path)
+    (tmp_path / "taken").write_text("x")
+    assert main(["train-mtp", "--data", str(corpus), "--out", str(tmp_path / "taken"), "--max-steps", "1"]) == 2
+    rc = main(["train-mtp", "--data", str(corpus), "--out", str(tmp_path / "h64"), "--max-steps", "2",
+               "--seq-len", "64", "--max-windows", "8", "--eval-every", "1", "--batch-size", "2"])
+    assert rc == 0 and os.path.isfile(tmp_path / "h64" / "model.safetensors")
