@@ -1,0 +1,124 @@
+"""``ChainDrafter``: what the draft-model and MTP proposers share - a drafter model on its
+own runner and KV pool (sharing the target's page table) that drafts chains, and its
+re-runs after each step (``RefillRow``), run at once or left waiting for the next step's
+drafting.
+
+Per sequence the drafter carries the logits that predict its next draft (and, for an MTP
+head, a predicted feature). ``propose`` takes, in order: one native call running every
+waiting re-run and then its chain (``ModelRunner.refill_chain``, greedy CPU drafting);
+else the waiting re-runs, then all chains without a host round trip per round
+(``whole_chains``: native chains, or greedy chains kept on the device); else the rounds
+one by one (``propose_chains``) - the same computations whichever applies.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .proposer import Draft, Proposer, RefillRow, flush_waiting, propose_chains, waiting_rows, whole_chains
+
+
+class ChainDrafter(Proposer):
+    def __init__(self, runner, planner, num_draft_tokens: int, lookahead: int, vocab_size: int,
+                 window: Optional[int], sample_drafts: bool):
+        """``vocab_size``: the target's (the drafter's logits are cut or padded to it);
+        ``window``: the drafter's sliding window (None: none)."""
+        self.runner, self.planner = runner, planner
+        self.max_draft_tokens, self.lookahead = num_draft_tokens, lookahead
+        self.vocab_size, self.window = vocab_size, window
+        self.sample_drafts = sample_drafts       # False: take the top token (point-mass drafts)
+        self.device_chain = True   # greedy chains stay on the device where the native chain does not apply
+        self.state: Dict[int, object] = {}       # seq_id -> what the drafter carries (the subclass's)
+        self.waiting: Dict[int, RefillRow] = {}  # seq_id -> a re-run waiting for the next draft
+        self.defer_refills = not sample_drafts and runner.device.type == "cpu"
+
+    # ---- the subclass's part ----------------------------------------------------------
+    def _carry(self, row: RefillRow, logits: torch.Tensor, output: Optional[torch.Tensor]) -> None:
+        """Stores what a re-run of ``row`` leaves for the sequence's next draft."""
+        raise NotImplementedError
+
+    def _chain_start(self, seqs: Sequence) -> Tuple[List[torch.Tensor], List[int], Optional[List[torch.Tensor]]]:
+        """Per sequence: the carried logits, the position of the chain's first round, and
+        (MTP heads) the carried feature; None for drafters without features."""
+        raise NotImplementedError
+
+    def _features(self, rows: List[RefillRow]) -> Optional[torch.Tensor]:
+        """The rows' feature inputs (MTP heads: the target's hidden states), else None."""
+        return None
+
+    # ---- shared -------------------------------------------------------------------------
+    def reset(self, seq) -> None:
+        self.state.pop(seq.seq_id, None)
+        self.waiting.pop(seq.seq_id, None)
+
+    def vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The drafter's logits cut or padded (with -inf) to the target's vocabulary."""
+        V = self.vocab_size
+        if logits.shape[-1] >= V:
+            return logits[:, :V]
+        pad = torch.full((logits.shape[0], V - logits.shape[-1]), float("-inf"), device=logits.device)
+        return torch.cat([logits, pad], dim=-1)
+
+    def run(self, rows: List[RefillRow]):
+        """One drafter forward over the rows -> (logits cut to the target's vocabulary,
+        outputs or None) at each row's last token."""
+        tables = [(row.start, row.tokens, self.page_table(row.seq)) for row in rows]
+        features = self._features(rows)
+        if features is None:
+            return self.vocab_logits(self.runner.forward_rows(tables, self.window)), None
+        logits, outs = self.runner.forward_rows(tables, self.window, features=features)
+        return self.vocab_logits(logits), outs
+
+    def refill(self, rows: List[RefillRow]) -> None:
+        """Runs the drafter over the rows now and carries its results."""
+        logits, outs = self.run(rows)
+        for i, row in enumerate(rows):
+            self._carry(row, logits[i], None if outs is None else outs[i])
+
+    def queue_refills(self, rows: List[RefillRow]) -> None:
+        """The step's re-runs: left waiting for the next drafting (greedy CPU drafting), else run."""
+        if self.defer_refills:
+            self.waiting.update((row.seq.seq_id, row) for row in rows)
+        elif rows:
+            self.refill(rows)
+
+    def _refill_chains(self, seqs: Sequence, ks: Sequence[int]) -> Optional[List[Draft]]:
+        """Drafts from one native call running every sequence's waiting re-run and then its
+        chain, when all of them have one and take the same k; else None."""
+        found = waiting_rows(self.waiting, seqs, ks)
+        if found is None:
+            return None
+        k, rows = found
+        out = self.runner.refill_chain([(row.start, row.tokens, self.page_table(row.seq)) for row in rows],
+                                       self.window, self.vocab_size, k - 1, features=self._features(rows))
+        if out is None:
+            return None
+        logits, outs, tokens = out
+        logits = self.vocab_logits(logits)
+        for i, row in enumerate(rows):
+            del self.waiting[row.seq.seq_id]
+            self._carry(row, logits[i], outs[i])
+        return [Draft(t) for t in tokens.tolist()]
+
+    def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
+        drafts = self._refill_chains(seqs, ks)
+        if drafts is not None:
+            return drafts
+        flush_waiting(self.waiting, self.refill)
+        logits, positions, feats = self._chain_start(seqs)
+        stacked = torch.stack(feats) if feats is not None and seqs else None
+        drafts = whole_chains(self, seqs, ks, logits, positions, self.window, stacked)
+        if drafts is not None:
+            return drafts
+
+        def advance(j, rows, drafts):
+            # round j + 1 reads draft token j + 1 (an MTP head: and its own predicted feature)
+            out_logits, out_feats = self.run(
+                [RefillRow(seqs[i], positions[i] + j, [drafts[i].token_ids[j]],
+                           None if feats is None else feats[i].unsqueeze(0)) for i in rows])
+            if feats is not None:
+                for r, i in enumerate(rows):
+                    feats[i] = out_feats[r]
+            return list(out_logits)
+        return propose_chains(seqs, ks, logits, self.sample_drafts, advance)
