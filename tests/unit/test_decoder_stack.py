@@ -11,6 +11,7 @@ from helpers.models import make_hf_model
 from helpers.mtp_fixtures import random_head
 from sonarspec_ext.runtime.kv_cache import KVCache
 from sonarspec_ext.runtime.metadata import TreeBlock, build_metadata
+from sonarspec_ext.runtime.native_stack import build_native_stack, run_native_stack
 from sonarspec_ext.layers.attention import TorchPagedAttention
 from sonarspec_ext.models.loader import load_model
 from sonarspec_ext.ops.decoder_stack import DecoderStack, LayerTensors, ModelTensors
@@ -37,21 +38,17 @@ def _rows(num_query, contexts):
 
 def _both_paths(model, cfg, meta, positions, inputs, g, kv_dtype=torch.float32, **kw):
     """Runs ``model`` once through the stack and once layer by layer on equal caches."""
-    kv_a, outs, caches = _cache(cfg, g, kv_dtype), [], []
+    kv_a = _cache(cfg, g, kv_dtype)
     kv_b = KVCache(cfg, num_pages=40, page_size=PAGE, dtype=kv_dtype, device="cpu")
     kv_b.k.copy_(kv_a.k)
     kv_b.v.copy_(kv_a.v)
-    stack = model.native_stack(kv_a)
+    stack = build_native_stack(model, kv_a)
     assert stack is not None
     with torch.inference_mode(), native_gemm_threads():
-        for kv, st in ((kv_a, stack), (kv_b, None)):
-            attn = TorchPagedAttention(kv, meta, st)
-            ran = []
-            attn.run_stack = (lambda f: lambda *a, **k: ran.append(1) or f(*a, **k))(attn.run_stack)
-            outs.append(model(inputs, positions, attn, **kw))
-            caches.append(kv)
-            assert ran
-    return outs, caches
+        native = run_native_stack(stack, model, inputs, positions, meta, kw.get("features"))
+        assert native is not None, "the stack did not run the step"
+        outs = [native, model(inputs, positions, TorchPagedAttention(kv_b, meta), **kw)]
+    return outs, [kv_a, kv_b]
 
 
 @pytest.mark.parametrize("arch,weights", [("llama", "bfloat16"), ("llama", "float32"), ("qwen2", "bfloat16"),
@@ -73,7 +70,7 @@ def test_stack_equals_the_per_op_path(tmp_path, arch, weights, num_query, kv_dty
     meta, positions = build_metadata(rows, PAGE, "cpu", extra.get("sliding_window"), native_attention=True)
     total = sum(num_query)
     if total > (8 if weights == "float32" else 64):
-        assert model.native_stack(_cache(cfg, torch.Generator())).accepts(torch.zeros(total, cfg.hidden_size)) is False
+        assert build_native_stack(model, _cache(cfg, torch.Generator())).accepts(torch.zeros(total, cfg.hidden_size)) is False
         return
     g = torch.Generator().manual_seed(total)
     ids = torch.randint(0, cfg.vocab_size, (total,), generator=g)
@@ -120,7 +117,7 @@ def test_stack_refuses_what_it_cannot_run(tmp_path):
     model = load_model(str(tmp_path / "m"))
     cfg = model.config
     kv = _cache(cfg, torch.Generator())
-    stack = model.native_stack(kv)
+    stack = build_native_stack(model, kv)
     assert stack.max_rows == 8 and stack.accepts(torch.zeros(8, cfg.hidden_size))
     assert not stack.accepts(torch.zeros(9, cfg.hidden_size))
     assert not stack.accepts(torch.zeros(2, cfg.hidden_size, dtype=torch.float64))
@@ -155,9 +152,9 @@ def test_stack_refuses_what_it_cannot_run(tmp_path):
     unfused = load_model(str(tmp_path / "m"))
     for layer in unfused.model.layers:
         layer.self_attn.qkv = None
-    assert unfused.native_stack(kv) is None
+    assert build_native_stack(unfused, kv) is None
     # A bfloat16 model (SDPA attention, no native metadata) has none either.
-    assert load_model(str(tmp_path / "m"), dtype="bfloat16").native_stack(kv) is None
+    assert build_native_stack(load_model(str(tmp_path / "m"), dtype="bfloat16"), kv) is None
 
 
 def test_an_mtp_stack_needs_features(llama_dir):
@@ -165,7 +162,7 @@ def test_an_mtp_stack_needs_features(llama_dir):
     head.eval().requires_grad_(False)
     head.fuse_projections()
     kv = _cache(head.config, torch.Generator())
-    stack = head.native_stack(kv)
+    stack = build_native_stack(head, kv)
     meta, positions = build_metadata(_rows([1], [3]), PAGE, "cpu", native_attention=True)
     with pytest.raises(ValueError, match="pass features"):
         stack.forward(torch.zeros(1, head.config.hidden_size), positions, meta.slot_mapping, meta.block_table, PAGE,

@@ -48,19 +48,27 @@ def test_an_engine_step_runs_torch_single_threaded_and_native_kernels_on_all_thr
             seen["propose"].add((torch.get_num_threads(), native_threads()))
             return propose(seqs, ks)
         monkeypatch.setattr(eng.proposer, "propose", spy_propose)
-        forward = type(eng.model).forward
+        import sonarspec_ext.runtime.runner as runner_mod
+        real_stack, real_forward = runner_mod.run_native_stack, type(eng.model).forward
 
-        def spy_forward(self, input_ids, *args, **kwargs):
+        def spy_stack(stack, model, input_ids, *args, **kwargs):
+            out = real_stack(stack, model, input_ids, *args, **kwargs)
+            if model is eng.model:
+                seen["forward"].add((input_ids.numel(), torch.get_num_threads(), out is not None))
+            return out
+
+        def spy_forward(self, input_ids, *args, **kwargs):   # the per-op path
             if self is eng.model:
-                seen["forward"].add((input_ids.numel(), torch.get_num_threads()))
-            return forward(self, input_ids, *args, **kwargs)
+                seen["forward"].add((input_ids.numel(), torch.get_num_threads(), False))
+            return real_forward(self, input_ids, *args, **kwargs)
+        monkeypatch.setattr(runner_mod, "run_native_stack", spy_stack)
         monkeypatch.setattr(type(eng.model), "forward", spy_forward)
         long_prompt = list(range(5, 205))   # 200 tokens: prefilled natively too, in slices
         out = llm.generate([long_prompt, "def f(x):"], SamplingParams(max_tokens=12, ignore_eos=True))
         assert all(len(o.token_ids) == 12 for o in out)
         assert seen["propose"] == {(1, 2)}
-        assert {t for _, t in seen["forward"]} == {1}
-        assert max(n for n, _ in seen["forward"]) >= 200
+        assert {(t, native) for _, t, native in seen["forward"]} == {(1, True)}   # every target step natively
+        assert max(n for n, _, _ in seen["forward"]) >= 200
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

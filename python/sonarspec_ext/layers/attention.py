@@ -20,13 +20,6 @@ class AttentionBackend:
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def run_stack(self, x: torch.Tensor, positions: torch.Tensor,
-                  features: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-        """The whole model from token embeddings ``x`` (and, for an MTP head, ``features``)
-        to its final hidden states in one native call (an ``ops.DecoderStack``), or None when
-        this backend or step has none: the model then runs its layers one by one."""
-        return None
-
 
 class DenseCausalAttention(AttentionBackend):
     """Causal attention over ``batch_size`` equal-length sequences, no cache (training)."""
@@ -75,31 +68,10 @@ class PagedAttentionMetadata:
 class TorchPagedAttention(AttentionBackend):
     """Paged attention (CPU and CUDA): writes new K/V into the page pool, then for float32
     CPU steps runs the native kernel on the pool directly; otherwise gathers each
-    sequence's cached K/V and runs one masked SDPA for the whole batch. With a ``stack``
-    (the model's layers as one ``ops.DecoderStack`` on this cache) float32 CPU steps run
-    every layer natively: at most ``stack.max_rows`` tokens per call, larger steps in
-    consecutive slices of the packed tokens (each slice's keys and values are in the pool
-    before the next attends to them). Every token's result then depends only on its own
-    sequence, never on the rest of the batch or on how its prompt was chunked."""
+    sequence's cached K/V and runs one masked SDPA for the whole batch."""
 
-    def __init__(self, kv_cache, meta: PagedAttentionMetadata, stack=None):
-        self.kv_cache, self.meta, self.stack = kv_cache, meta, stack
-
-    def run_stack(self, x, positions, features=None):
-        m, stack = self.meta, self.stack
-        if stack is None or m.native is None or x.shape[0] == 0 or not stack.accepts(x[:stack.max_rows]):
-            return None
-        n, step = x.shape[0], stack.max_rows
-        if n <= step:
-            return stack.forward(x, positions, m.slot_mapping, m.block_table, m.page_size, *m.native,
-                                 features=features)
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        for r in range(0, n, step):
-            rows = slice(r, min(n, r + step))
-            out[rows] = stack.forward(x[rows], positions[rows], m.slot_mapping[rows], m.block_table, m.page_size,
-                                      *(t[rows] for t in m.native),
-                                      features=None if features is None else features[rows])
-        return out
+    def __init__(self, kv_cache, meta: PagedAttentionMetadata):
+        self.kv_cache, self.meta = kv_cache, meta
 
     def attend(self, layer_idx, q, k, v):
         m = self.meta

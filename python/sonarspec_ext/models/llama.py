@@ -15,7 +15,6 @@ from torch import nn
 from ..layers.attention import AttentionBackend
 from ..layers.linear import Linear
 from ..ops.elementwise import apply_rope
-from ..ops.decoder_stack import DecoderStack, LayerTensors, ModelTensors
 from ..ops.linear import padded_linear, padded_mlp
 from ..ops.quantized import QuantizedMatrix
 from ..layers.norm import RMSNorm
@@ -110,45 +109,6 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def native_stack(layers, kv_cache, rotary: RotaryEmbedding, final_norm: Optional[RMSNorm],
-                 head_input: Optional[tuple] = None) -> Optional[DecoderStack]:
-    """``layers`` (then ``final_norm``) as one ``ops.DecoderStack`` on ``kv_cache``'s float32
-    CPU pools, or None when they cannot run as one (projections not fused, biases outside
-    q/k/v, bfloat16 activations, CUDA): the per-op path then runs them. ``head_input``:
-    an MTP head's (enorm, hnorm, fc) - norms None for EAGLE-1 heads."""
-    tensors, norms = [], [final_norm]
-    for layer in layers:
-        a, mlp = layer.self_attn, layer.mlp
-        if (a.qkv is None or mlp.gate_up is None or mlp.gate_up[1] is not None or a.o_proj.bias is not None
-                or mlp.down_proj.bias is not None):
-            return None
-        in_norm, post_norm = layer.input_layernorm, layer.post_attention_layernorm
-        if not isinstance(post_norm, RMSNorm) or not isinstance(in_norm, (RMSNorm, nn.Identity)):
-            return None
-        in_norm = in_norm if isinstance(in_norm, RMSNorm) else None
-        norms += [in_norm, post_norm]
-        k_pool, v_pool = kv_cache.layer(a.layer_idx)
-        tensors.append(LayerTensors(
-            input_norm=None if in_norm is None else in_norm.weight, post_norm=post_norm.weight,
-            qkv=a.qkv[0], qkv_bias=a.qkv[1], o=a.o_proj.weight,
-            gate_up=mlp.gate_up[0], down=mlp.down_proj.weight, k_pool=k_pool, v_pool=v_pool))
-    enorm, hnorm, fc = head_input or (None, None, None)
-    norms += [enorm, hnorm]
-    if not all(n is None or isinstance(n, RMSNorm) for n in norms):
-        return None
-    eps = {n.eps for n in norms if n is not None}
-    if len(eps) != 1:
-        return None
-    w = lambda n: None if n is None else n.weight  # noqa: E731
-    model = ModelTensors(rotary.cos, rotary.sin, fc=w(fc), fc_bias=None if fc is None else fc.bias,
-                         enorm=w(enorm), hnorm=w(hnorm), final_norm=w(final_norm))
-    first = layers[0].self_attn
-    try:
-        return DecoderStack(tensors, model, first.num_heads, first.num_kv_heads, eps.pop())
-    except ValueError:
-        return None
-
-
 def vocab_logits(row_logits: torch.Tensor, row_ids: Optional[torch.Tensor], vocab_size: int) -> torch.Tensor:
     """Logits over the lm_head rows ``row_ids`` (a draft vocabulary) as logits over the whole
     vocabulary, -inf elsewhere; ``row_ids`` None: already whole."""
@@ -183,19 +143,20 @@ class LlamaForCausalLM(nn.Module):
                 attn: AttentionBackend) -> torch.Tensor:
         """``input_ids``, ``positions``: (num_tokens,) -> final-norm hidden states
         (num_tokens, hidden_size). Logits are computed separately, only where needed."""
-        x = self.model.embed_tokens(input_ids).to(self.compute_dtype)
-        out = attn.run_stack(x, positions)
-        if out is not None:
-            return out
+        x = self.embed_input(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, attn)
         return self.model.norm(x)
 
-    def native_stack(self, kv_cache) -> Optional[DecoderStack]:
-        """The decoder layers and final norm as one native call on ``kv_cache`` (see
-        ``native_stack``)."""
-        return native_stack(self.model.layers, kv_cache, self.rotary, self.model.norm)
+    def embed_input(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings in the compute dtype: what the decoder layers read."""
+        return self.model.embed_tokens(input_ids).to(self.compute_dtype)
+
+    def stack_parts(self):
+        """(decoder layers, rotary tables, final norm, input projection or None): what a
+        native decoder stack runs (``runtime.native_stack``)."""
+        return self.model.layers, self.rotary, self.model.norm, None
 
     def use_draft_vocab(self, token_ids: torch.Tensor, lm_head_rows) -> None:
         """A draft model proposing only ``token_ids``: its lm_head becomes ``lm_head_rows``

@@ -26,7 +26,7 @@ from ..ops.quantized import float_weight, rows_of
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
-from .llama import LlamaDecoderLayer, native_stack, vocab_logits
+from .llama import LlamaDecoderLayer, vocab_logits
 
 LAYOUTS = ("rmsnorm", "eagle1")
 
@@ -86,10 +86,7 @@ class MTPHead(nn.Module):
                 features: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``input_ids`` (n,) = t_{i+1}, ``features`` (n, hidden) = h_i, ``positions`` (n,) = i
         -> predicted features (n, hidden) for positions i + 1."""
-        e, h = self.embed(input_ids).to(self.compute_dtype), features.to(self.compute_dtype)
-        out = attn.run_stack(e, positions, h)
-        if out is not None:
-            return out
+        e, h = self.embed_input(input_ids), features.to(self.compute_dtype)
         if self.enorm is not None:
             e, h = self.enorm(e), self.hnorm(h)
         x = self.fc(torch.cat([e, h], dim=-1))
@@ -97,10 +94,14 @@ class MTPHead(nn.Module):
         x = self.layer(x, cos, sin, attn)
         return self.norm(x) if self.norm is not None else x
 
-    def native_stack(self, kv_cache):
-        """The head (input projection, decoder layer, final norm) as one native call on
-        ``kv_cache`` (or None)."""
-        return native_stack([self.layer], kv_cache, self.rotary, self.norm, (self.enorm, self.hnorm, self.fc))
+    def embed_input(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings (the target's) in the compute dtype."""
+        return self.embed(input_ids).to(self.compute_dtype)
+
+    def stack_parts(self):
+        """(its decoder layer, rotary tables, final norm, (enorm, hnorm, fc)): what a native
+        decoder stack runs (``runtime.native_stack``); norms None for EAGLE-1 heads."""
+        return [self.layer], self.rotary, self.norm, (self.enorm, self.hnorm, self.fc)
 
     def drafting_io(self):
         """(embedding, lm_head weights, their token ids or None) of the target, for drafting

@@ -15,6 +15,7 @@ from .kv_cache import KVCache
 from .execution import ExecutionPolicy
 from .threads import ThreadPolicy
 from .metadata import TreeBlock, build_metadata, planner_metadata
+from .native_stack import build_native_stack, run_native_stack
 from .transfer import to_device
 
 
@@ -35,7 +36,7 @@ class ModelRunner:
         """The model's layers as one native call (``ops.DecoderStack``) on this cache, built
         at the first use; None where the model cannot run as one."""
         if not self._stack_built:
-            self._stack, self._stack_built = self.model.native_stack(self.kv_cache), True
+            self._stack, self._stack_built = build_native_stack(self.model, self.kv_cache), True
         return self._stack
 
     def metadata(self, rows: Sequence[Tuple[int, int, Sequence[int]]], sliding_window: Optional[int] = None,
@@ -132,8 +133,10 @@ class ModelRunner:
         path, stack = self.policy.choose(self, input_ids.numel(), meta)
         extra = () if features is None else (features,)
         with self.threads.for_path(path):
-            attn = TorchPagedAttention(self.kv_cache, meta, stack)
-            hidden = self.model(input_ids, positions, attn, *extra)
+            hidden = None if stack is None else run_native_stack(stack, self.model, input_ids, positions, meta,
+                                                                 features)
+            if hidden is None:
+                hidden = self.model(input_ids, positions, TorchPagedAttention(self.kv_cache, meta), *extra)
             logits = self.model.compute_logits(hidden[logits_indices])
         if hidden_indices is None:
             return logits
