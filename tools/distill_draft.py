@@ -18,7 +18,6 @@ import math
 import os
 import shutil
 import sys
-import time
 
 import numpy as np
 import torch
@@ -103,7 +102,7 @@ def main():
         print(f"before: {state['before']}")
     torch.manual_seed(args.seed)
     bar = tqdm(total=args.steps, initial=state["step"], desc="distil draft", unit="step", dynamic_ncols=True)
-    t_last, ema = time.time(), None
+    clock = base.StepClock(state)
     while state["step"] < args.steps:
         step = state["step"]
         for group in opt.param_groups:
@@ -114,11 +113,7 @@ def main():
         d_logp = F.log_softmax(logits_of(draft, x), -1)
         loss = F.kl_div(d_logp, t_logp, log_target=True, reduction="batchmean")
         base.optimizer_step(opt, draft, loss)
-        now = time.time()
-        state["wall"] += now - t_last
-        t_last = now
-        state["step"] += 1
-        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+        ema = clock.tick(loss.item())
         bar.update(1)
         bar.set_postfix(kl=f"{ema:.3f}")
         if state["step"] % 100 == 0 or state["step"] == args.steps:

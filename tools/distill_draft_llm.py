@@ -25,16 +25,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+import train_base_models as base  # noqa: E402
 from sonarspec_ext.assets import resolve  # noqa: E402
 from sonarspec_ext.layers.attention import DenseCausalAttention  # noqa: E402
 from sonarspec_ext.models.draft_llm import save_draft_model  # noqa: E402
@@ -88,12 +88,6 @@ def agreement(draft, val: FeatureSet, w_vocab, vocab_ids, w_full, num_windows: i
     return {"top1_agreement": round(same / total, 4), "kl": round(kl / total, 4)}
 
 
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))))
-
-
 def export(draft, cfg, vocab_ids, tokenizer, out: str, info: dict) -> None:
     save_draft_model(draft, out, vocab_ids)
     tokenizer._tok.save(os.path.join(out, "tokenizer.json"))
@@ -131,46 +125,32 @@ def main():
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     os.makedirs(args.work, exist_ok=True)
     ckpt = os.path.join(args.work, "checkpoint.pt")
-    run = {"step": 0, "wall": 0.0, "history": [], "before": None}
-    if os.path.isfile(ckpt):
-        ck = torch.load(ckpt, weights_only=False)
-        draft.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        run = ck["state"]
-        print(f"resumed at step {run['step']}")
+    run = base.load_checkpoint(ckpt, draft, opt, {"step": 0, "wall": 0.0, "history": [], "before": None}, "distil")
     evaluate = lambda n: agreement(draft, val, w_vocab, vocab_ids, w_full, n, args.batch_size)  # noqa: E731
     if run["before"] is None:
         run["before"] = evaluate(args.eval_windows)
         print(f"before: {run['before']}")
     bar = tqdm(total=args.steps, initial=run["step"], desc="distil draft", unit="step", dynamic_ncols=True)
-    t_last, ema = time.time(), None
+    clock = base.StepClock(run)
     while run["step"] < args.steps:
         step = run["step"]
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, warmup=50)
+            group["lr"] = base.lr_at(step, args.steps, args.lr, warmup=50)
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
         tokens, hidden = train.get(torch.randint(0, len(train), (args.batch_size,), generator=g))
         with torch.no_grad():
             teacher = (hidden.reshape(-1, hidden.shape[-1]) @ w_vocab.T).log_softmax(-1)
         logp = (draft_hidden(draft, tokens) @ w_vocab.T).log_softmax(-1)
         loss = F.kl_div(logp, teacher, log_target=True, reduction="batchmean")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        now = time.time()
-        run["wall"] += now - t_last
-        t_last = now
-        run["step"] += 1
-        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+        base.optimizer_step(opt, draft, loss)
+        ema = clock.tick(loss.item())
         bar.update(1)
         bar.set_postfix(kl=f"{ema:.3f}")
         if run["step"] % args.eval_every == 0 or run["step"] == args.steps:
             run["history"].append({"step": run["step"], "train_kl": round(ema, 4), "wall_s": round(run["wall"], 1),
                                    **evaluate(args.eval_windows // 2)})
             tqdm.write(json.dumps(run["history"][-1]))
-            torch.save({"model": draft.state_dict(), "opt": opt.state_dict(), "state": run}, ckpt + ".tmp")
-            os.replace(ckpt + ".tmp", ckpt)
+            base.save_checkpoint(ckpt, draft, opt, run)
     bar.close()
     after = evaluate(len(val))
     print(f"after: {after}")

@@ -126,6 +126,22 @@ def save_checkpoint(path: str, model, opt, state: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+class StepClock:
+    """A training loop's bookkeeping: ``tick(loss)`` after each step adds its wall time to
+    ``state["wall"]``, counts it in ``state["step"]`` and returns the smoothed loss (EMA 0.95)."""
+
+    def __init__(self, state: dict):
+        self.state, self.last, self.ema = state, time.time(), None
+
+    def tick(self, loss: float) -> float:
+        now = time.time()
+        self.state["wall"] += now - self.last
+        self.last = now
+        self.state["step"] += 1
+        self.ema = loss if self.ema is None else 0.95 * self.ema + 0.05 * loss
+        return self.ema
+
+
 def optimizer_step(opt, model, loss: torch.Tensor) -> None:
     """Backward, clip the gradient norm to 1, step (the base models' and the distillation's)."""
     opt.zero_grad(set_to_none=True)
@@ -171,19 +187,15 @@ def train_model(name: str, spec: dict, eot: int, train_data, val_data, work: str
     state = load_checkpoint(ckpt_path, model, opt, {"step": 0, "tokens": 0, "wall": 0.0, "history": []}, name)
     model.train()
     bar = tqdm(total=steps, initial=state["step"], desc=f"train {name}", unit="step", dynamic_ncols=True)
-    t_last, ema = time.time(), None
+    clock = StepClock(state)
     while state["step"] < steps:
         step = state["step"]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, peak)
         loss = loss_on(model, batch(train_data, step, seed))
         optimizer_step(opt, model, loss)
-        now = time.time()
-        state["wall"] += now - t_last
-        t_last = now
-        state["step"] += 1
+        ema = clock.tick(loss.item())
         state["tokens"] += BATCH_SIZE * SEQ_LEN
-        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
         bar.update(1)
         bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{state['tokens'] / max(state['wall'], 1e-9):.0f}")
         if state["step"] % 50 == 0:
