@@ -17,8 +17,13 @@ def add_bench_parser(sub, positive_int) -> None:
     b.add_argument("--model", default="synthetic-30m",
                    help="HF model dir, .gguf file, smollm2, or synthetic-30m (random 30M Llama; with --spec all: the "
                         "packaged target)")
-    b.add_argument("--draft", default="default", help="draft model for --spec all ('none': no draft_target rows)")
-    b.add_argument("--ks", type=positive_int, nargs="+", default=[2, 4, 6], help="draft_target draft lengths")
+    b.add_argument("--draft", default="default",
+                   help="draft model for --spec all/quantized ('default': the one that goes with the model, if any; "
+                        "'none': no draft_target rows)")
+    b.add_argument("--ks", type=positive_int, nargs="+", default=[2, 4, 6],
+                   help="draft_target draft lengths (--spec quantized: the first)")
+    b.add_argument("--draft-quantization", default="auto", choices=QUANTIZATION_CHOICES,
+                   help="the draft model's weights (SpecConfig.quantization)")
     b.add_argument("--mtp", default="default",
                    help="MTP head dir for --spec all/mtp ('default': packaged head; 'none': no MTP rows)")
     b.add_argument("--mtp-ks", type=positive_int, nargs="+", default=[1, 2, 3, 4], help="MTP draft lengths (tree depths)")
@@ -63,13 +68,17 @@ def run_bench(args) -> int:
     from . import bench_decode, print_table, write_json
     if args.spec == "quantized":
         from .quantized import bench_quantized, print_quantized_table
+        from ..assets import resolve
+        from ..spec.factory import find_draft_model, find_mtp_head
         mtp = None if args.mtp == "none" else args.mtp
-        if mtp == "default":
-            from ..assets import resolve
-            from ..spec.factory import find_mtp_head
+        if mtp == "default":   # found once, for the model's own file: run on every file
             mtp = find_mtp_head(resolve(args.model, "target"))
+        draft = None if args.draft == "none" else args.draft
+        if draft == "default":
+            draft = find_draft_model(resolve(args.model, "target"))
         info = bench_quantized(args.model, mtp, args.max_tokens, args.repeats, args.threads,
-                               with_llama_cpp=not args.no_llama_cpp, mtp_k=args.mtp_ks[0])
+                               with_llama_cpp=not args.no_llama_cpp, mtp_k=args.mtp_ks[0], draft=draft,
+                               draft_k=args.ks[0], draft_quantization=args.draft_quantization)
         print_quantized_table(info)
         if args.json:
             write_json(info, args.json)
@@ -91,7 +100,7 @@ def run_bench(args) -> int:
                           with_ngram=full, spec_max_batch=args.spec_max_batch, trees=trees if mtp else (),
                           device=args.device, dtype=args.dtype, temperature=args.temperature, top_p=args.top_p,
                           draft_sampling=args.draft_sampling, cuda_graphs=args.cuda_graphs,
-                          quantization=args.quantization)
+                          quantization=args.quantization, draft_quantization=args.draft_quantization)
         if tree:
             from .attention import bench_tree_attention, print_attention_table
             from ..models.loader import load_config

@@ -21,6 +21,7 @@ from ..assets import resolve
 from . import median_time
 from ..llm import LLM
 from ..params import SamplingParams, SpecConfig
+from ..spec.factory import find_draft_model
 
 PROMPTS = [
     "def parse_args(argv):\n",
@@ -69,11 +70,12 @@ def scheme_config(name: str) -> SpecConfig:
     return SpecConfig() if method == "plain" else SpecConfig(method=method, num_draft_tokens=int(k or 4))
 
 
-def _schemes(draft_dir: Optional[str], mtp_dir: Optional[str], ks, mtp_ks, with_ngram: bool, trees=()):
+def _schemes(draft_dir: Optional[str], mtp_dir: Optional[str], ks, mtp_ks, with_ngram: bool, trees=(),
+             draft_quantization: str = "auto"):
     out = [("plain", SpecConfig())]
     if draft_dir:
-        out += [(f"draft_target K={k}", SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=k))
-                for k in ks]
+        out += [(f"draft_target K={k}", SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=k,
+                                                   quantization=draft_quantization)) for k in ks]
     if with_ngram:
         out.append(("ngram K=4", SpecConfig(method="ngram", num_draft_tokens=4)))
     if mtp_dir:
@@ -88,7 +90,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                threads: Optional[int] = None, mtp: Optional[str] = None, mtp_ks=(1, 2, 3, 4),
                with_ngram: bool = True, spec_max_batch: Optional[int] = None, trees=(), device: str = "cpu",
                dtype: str = "float32", temperature: float = 0.0, top_p: float = 1.0,
-               draft_sampling: bool = False, cuda_graphs: bool = False, quantization: str = "auto") -> dict:
+               draft_sampling: bool = False, cuda_graphs: bool = False, quantization: str = "auto",
+               draft_quantization: str = "auto") -> dict:
     """Every scheme on the same prompts in one process. Each scheme's greedy output is
     first checked equal to plain decoding (on the CPU a difference is an error; on CUDA,
     where torch's GEMMs and SDPA may round a verification pass differently from a decoding
@@ -97,14 +100,16 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     each scheme's median over the rounds. ``trees``: (depth, top_k, num_nodes) of the
     EAGLE trees to run with the MTP head. ``temperature`` > 0 samples (seeded per prompt)
     instead: outputs then differ between schemes by design (the tests check the sampled
-    distributions), and agreement is not checked."""
+    distributions), and agreement is not checked. ``draft="default"``: the draft model that
+    goes with the target (``spec.factory.find_draft_model``), or no draft_target rows;
+    ``draft_quantization``: its weights (``SpecConfig.quantization``)."""
     if threads:
         torch.set_num_threads(threads)
     target_dir = resolve(target, "target")
-    draft_dir = resolve(draft, "draft") if draft else None
+    draft_dir = find_draft_model(target_dir) if draft == "default" else resolve(draft, "draft") if draft else None
     mtp_dir = resolve(mtp, "mtp") if mtp else None
     sampled = temperature > 0
-    schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram, trees)
+    schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram, trees, draft_quantization)
     llms = {name: LLM(target_dir, spec=spec, spec_max_batch=spec_max_batch, device=device, dtype=dtype,
                       draft_sampling=draft_sampling, cuda_graphs=cuda_graphs, quantization=quantization)
             for name, spec in schemes}
