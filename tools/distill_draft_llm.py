@@ -44,7 +44,7 @@ from sonarspec_ext.models.loader import (checkpoint_fingerprint, gguf_file, load
                                          load_tokenizer)
 from sonarspec_ext.ops.quantized import float_weight  # noqa: E402
 from sonarspec_ext.train.features import FeatureSet  # noqa: E402
-from sonarspec_ext.train.train_mtp import frequent_tokens  # noqa: E402
+from sonarspec_ext.train.train_mtp import frequent_tokens, validate_in_engine  # noqa: E402
 
 
 def target_state(path: str, cfg) -> dict:
@@ -88,14 +88,13 @@ def agreement(draft, val: FeatureSet, w_vocab, vocab_ids, w_full, num_windows: i
     return {"top1_agreement": round(same / total, 4), "kl": round(kl / total, 4)}
 
 
-def export(draft, cfg, vocab_ids, tokenizer, out: str, info: dict) -> None:
+def export(draft, cfg, vocab_ids, tokenizer, out: str) -> None:
+    """The draft (bfloat16) and the target's tokenizer, as a draft model directory."""
     save_draft_model(draft, out, vocab_ids)
     tokenizer._tok.save(os.path.join(out, "tokenizer.json"))
     eos = tokenizer.id_to_token(cfg.eos_token_ids[0])
     with open(os.path.join(out, "tokenizer_config.json"), "w") as fh:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos}, fh)
-    with open(os.path.join(out, "training.json"), "w") as fh:
-        json.dump(info, fh, indent=1)
 
 
 def main():
@@ -154,14 +153,22 @@ def main():
     bar.close()
     after = evaluate(len(val))
     print(f"after: {after}")
-    info = {"target": args.target, "target_fingerprint": checkpoint_fingerprint(target_dir), "layers": args.layers, "init": f"the target's first {args.layers} layers",
-            "draft_vocab_size": args.draft_vocab, "draft_vocab_coverage": round(coverage, 4),
+    info = {"target": args.target, "target_fingerprint": checkpoint_fingerprint(target_dir), "layers": args.layers,
+            "init": f"the target's first {args.layers} layers", "draft_vocab_size": args.draft_vocab, "draft_vocab_coverage": round(coverage, 4),
             "num_trained_params": sum(p.numel() for p in params), "steps": args.steps,
             "batch_size": args.batch_size, "seq_len": int(train.tokens.shape[1]), "peak_lr": args.lr,
             "seed": args.seed, "loss": "KL(target || draft) over the draft vocabulary",
             "train_windows": len(train), "val_windows": len(val), "wall_time_min": round(run["wall"] / 60, 1),
             "before": run["before"], "after": after, "history": run["history"], "torch": torch.__version__}
-    export(draft, cfg, vocab_ids, load_tokenizer(target_dir), args.out, info)
+    export(draft, cfg, vocab_ids, load_tokenizer(target_dir), args.out)
+    prompts = [w[:32].tolist() for w in val.tokens[:16]]   # held-out windows, as train-mtp validates heads
+    info["engine_validation"] = validate_in_engine(target_dir, args.out, prompts, 3, 64, method="draft_target")
+    with open(os.path.join(args.out, "training.json"), "w") as fh:
+        json.dump(info, fh, indent=1)
+    print("engine validation (draft_target K = 3): acceptance per position "
+          + " ".join(f"{a:.3f}" for a in info["engine_validation"]["accepted_per_position"])
+          + f", tau {info['engine_validation']['tau']:.3f}, equal to plain decoding: "
+          + str(info["engine_validation"]["equal_to_plain_decoding"]))
     print(f"draft -> {args.out} ({run['wall'] / 60:.1f} min); held-out top-1 agreement with the target "
           f"{run['before']['top1_agreement']} -> {after['top1_agreement']}")
 

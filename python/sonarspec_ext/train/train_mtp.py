@@ -56,17 +56,19 @@ def export_head(head: MTPHead, out: str, fmt: str, target_num_layers: int, info:
         raise
 
 
-def validate_in_engine(target_dir: str, head_dir: str, prompts: List[List[int]], k: int, max_tokens: int) -> dict:
-    """Greedy MTP decoding of held-out prompts through the engine -> acceptance per draft
-    position and tau, checked token for token against plain decoding."""
+def validate_in_engine(target_dir: str, head_dir: str, prompts: List[List[int]], k: int, max_tokens: int,
+                       method: str = "mtp") -> dict:
+    """Greedy speculative decoding (``method``: an MTP head, or a draft model with
+    "draft_target") of held-out prompts through the engine -> acceptance per draft position
+    and tau, checked token for token against plain decoding."""
     from ..llm import LLM
     from ..params import SamplingParams, SpecConfig
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    llm = LLM(target_dir, spec=SpecConfig(method="mtp", draft=head_dir, num_draft_tokens=k))
+    llm = LLM(target_dir, spec=SpecConfig(method=method, draft=head_dir, num_draft_tokens=k))
     got = [o.token_ids for o in llm.generate(prompts, params)]
     plain = [o.token_ids for o in LLM(target_dir).generate(prompts, params)]
     s = llm.stats()
-    return {"num_draft_tokens": k, "num_prompts": len(prompts), "max_tokens": max_tokens,
+    return {"method": method, "num_draft_tokens": k, "num_prompts": len(prompts), "max_tokens": max_tokens,
             "accepted_per_position": s["accepted_per_position"], "tau": s["acceptance_length"],
             "equal_to_plain_decoding": got == plain}
 
