@@ -167,7 +167,8 @@ class LlamaForCausalLM(nn.Module):
                              f"got {lm_head_rows.shape[0]}")
         if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= self.config.vocab_size):
             raise ValueError(f"draft vocabulary ids must lie in [0, {self.config.vocab_size})")
-        self.lm_head = Linear(self.config.hidden_size, token_ids.shape[0], bias=False)
+        with torch.device("meta"):   # no storage: its weight is replaced by the rows
+            self.lm_head = Linear(self.config.hidden_size, token_ids.shape[0], bias=False)
         del self.lm_head._parameters["weight"]
         self.lm_head.weight = lm_head_rows
         self.draft_vocab = token_ids.to(torch.long).contiguous()
