@@ -27,11 +27,11 @@ from ..spec.proposer import StepContext
 from .config import EngineConfig, kv_cache_dtype
 from .generic_step import generic_step
 from .output import OutputProcessor
-from .sequence import Sequence
+from .request import Request
 from .spec_control import BatchSpeculationControl
 from .sync_free import sync_free_step
 
-TIMING_KEYS = ("plan", "draft", "verify", "sample", "wait")
+TIMING_KEYS = ("plan", "draft", "verify", "sample", "post", "wait")   # post: emitting tokens, planning ahead
 log = logging.getLogger("sonarspec")
 
 
@@ -87,7 +87,7 @@ class Engine:
                 raise ValueError(f"cuda_graphs needs a CUDA device, not {self.device.type!r}")
             for runner in self.runners():
                 runner.graphs = StepGraphs(runner)
-        self.seqs: Dict[int, Sequence] = {}
+        self.seqs: Dict[int, Request] = {}
         self._ids = itertools.count()
         self.timing = dict.fromkeys(TIMING_KEYS, 0.0)
         self._next_plan = None   # PlanHandle of the step planned ahead (async_planning)
@@ -132,7 +132,7 @@ class Engine:
                              f"(prompt plus at least one generated token)")
         seq_id = next(self._ids)
         self.planner.add_request(seq_id, len(ids))
-        self.seqs[seq_id] = Sequence(seq_id, ids, params, self.eos_ids, self.device, self.tokenizer)
+        self.seqs[seq_id] = Request(seq_id, ids, params, self.eos_ids, self.device, self.tokenizer)
         return seq_id
 
     def abort(self, seq_id: int) -> None:
@@ -143,7 +143,7 @@ class Engine:
     def has_unfinished(self) -> bool:
         return any(not s.finished for s in self.seqs.values())
 
-    def pop_finished(self, seq_id: int) -> Sequence:
+    def pop_finished(self, seq_id: int) -> Request:
         return self.seqs.pop(seq_id)
 
     # ---- one step -------------------------------------------------------------------
@@ -153,12 +153,12 @@ class Engine:
         k = self.proposer.max_draft_tokens
         return (1, 0) if self.spec.method == "eagle_tree" or k < 1 else tuple(range(k, -1, -1))
 
-    def _num_drafts(self, seq: Sequence) -> int:
+    def _num_drafts(self, seq: Request) -> int:
         """Draft length for a decoding sequence: never past the context or max_tokens."""
         room = min(self.max_model_len - seq.num_tokens - 1, seq.params.max_tokens - len(seq.output_ids) - 1)
         return max(0, min(self.proposer.max_draft_tokens, room))
 
-    def step(self) -> List[Sequence]:
+    def step(self) -> List[Request]:
         """Runs one engine step (plan -> draft -> verify -> sample -> post-process); returns
         the sequences that received tokens. Torch's own ops run single-threaded meanwhile
         (the runner's ``runtime.threads.ThreadPolicy``; large prefill chunks get the threads back).
@@ -196,7 +196,7 @@ class Engine:
                     if self.planner.has(sid):
                         self.planner.finish(sid)
 
-    def _step(self) -> List[Sequence]:
+    def _step(self) -> List[Request]:
         t0 = time.perf_counter()
         scheduled, preempted = self._plan()
         self._step_seq_ids = [sid for sid, _, _ in scheduled]
@@ -251,7 +251,7 @@ class Engine:
         live = lambda sid: sid in self.seqs and not self.seqs[sid].finished  # noqa: E731
         return [s for s in scheduled if live(s[0])], preempted
 
-    def emit(self, seq: Sequence, tokens: List[int], accepted: int, draft, logits=None) -> int:
+    def emit(self, seq: Request, tokens: List[int], accepted: int, draft, logits=None) -> int:
         """Appends a step's tokens to ``seq`` and commits its verified KV; returns the
         sequence's length before the step. ``logits`` (len(tokens), vocab) - the target's
         rows each token was drawn from - give their log-probabilities when the request

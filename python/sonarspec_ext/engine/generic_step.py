@@ -55,7 +55,7 @@ def generic_step(engine, batch, drafts) -> List:
     t5 = time.perf_counter()
     engine.proposer.finish_step(records, engine.step_context)
     t6 = time.perf_counter()
-    engine.timing["plan"] += t5 - t4
+    engine.timing["post"] += t5 - t4
     engine.timing["draft"] += t6 - t5
     engine.timing["verify"] += t3 - t2
     engine.timing["sample"] += t4 - t3

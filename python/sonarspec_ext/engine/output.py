@@ -8,7 +8,7 @@ from typing import List, Optional
 
 from .detokenize import stop_prefix_len
 from .request_stats import RequestTotals
-from .sequence import Sequence
+from .request import Request
 
 
 class OutputProcessor:
@@ -17,7 +17,7 @@ class OutputProcessor:
         self.max_model_len = max_model_len
         self.finished = RequestTotals()   # statistics of finished requests, as running totals
 
-    def append(self, seq: Sequence, tokens: List[int]) -> None:
+    def append(self, seq: Request, tokens: List[int]) -> None:
         """Appends emitted tokens, stopping exactly at the first stop condition."""
         if seq.first_token_time is None and tokens:
             seq.first_token_time = time.perf_counter()
@@ -42,7 +42,7 @@ class OutputProcessor:
                 self.finish(seq, reason, text)
                 return
 
-    def finish(self, seq: Sequence, reason: str, text: Optional[str] = None) -> None:
+    def finish(self, seq: Request, reason: str, text: Optional[str] = None) -> None:
         """Finishes ``seq`` with ``reason``: its pages and drafter state released, its
         statistics added to the totals."""
         seq.text = text if text is not None else self.tokenizer.decode(seq.output_ids)
@@ -52,11 +52,11 @@ class OutputProcessor:
         self.proposer.reset(seq)
         self.finished.add(seq.stats(), seq.finish_reason)
 
-    def text_so_far(self, seq: Sequence) -> str:
+    def text_so_far(self, seq: Request) -> str:
         """The output's text: final once finished, else up to its last complete character."""
         return seq.text if seq.finished else seq.detok.update(seq.output_ids)
 
-    def stream_text(self, seq: Sequence) -> str:
+    def stream_text(self, seq: Request) -> str:
         """The text a stream may hand out now: all of it once finished, else without a
         tail that could still begin a stop string (the next tokens may complete it) or end
         inside a UTF-8 character."""

@@ -9,7 +9,7 @@ SUMMED = ("num_steps", "num_draft_tokens", "num_accepted_tokens", "num_prompt_to
 
 
 class RequestTotals:
-    """Sums over finished requests of their ``Sequence.stats()`` counters, per-position
+    """Sums over finished requests of their ``Request.stats()`` counters, per-position
     draft counts included, and how many finished for each reason."""
 
     def __init__(self):

@@ -85,5 +85,5 @@ def sync_free_step(engine, batch, drafts) -> List:
     engine.timing["verify"] += t1 - t0
     engine.timing["sample"] += t2 - t1
     engine.timing["draft"] += t3 - t2
-    engine.timing["plan"] += t4 - t3   # post-processing, as in the generic step
+    engine.timing["post"] += t4 - t3
     return [b.seq for b in blocks]

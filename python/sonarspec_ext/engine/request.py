@@ -1,4 +1,5 @@
-"""Per-request state owned by the Python side of the engine."""
+"""``Request``: one request's state on the Python side of the engine (its tokens, sampling
+stream, text, statistics); the planner holds its pages."""
 from __future__ import annotations
 
 import time
@@ -10,7 +11,7 @@ from .detokenize import IncrementalText
 from ..params import RequestOutput, SamplingParams
 
 
-class Sequence:
+class Request:
     def __init__(self, seq_id: int, prompt_ids: List[int], params: SamplingParams,
                  eos_ids: List[int], device, tokenizer):
         self.seq_id = seq_id
