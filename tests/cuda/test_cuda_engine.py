@@ -84,7 +84,6 @@ def test_cuda_graphs_keep_greedy_output(name, plain_cuda):
 def test_cuda_graph_logits_match_the_eager_forward():
     """One verification step (5 queries over 70 cached keys, padded to 128): graph replay
     against the eager per-op forward on the same inputs, float32."""
-    from sonarspec_ext.runtime.cuda_graphs import StepGraphs
     from sonarspec_ext.runtime.metadata import build_metadata
     runner = LLM("default", device="cuda", dtype="float32").engine.runner
     table = list(range(6))
@@ -94,7 +93,7 @@ def test_cuda_graph_logits_match_the_eager_forward():
     meta, pos = build_metadata([(70, 5, table)], runner.kv_cache.page_size, "cuda")
     ids, rows = torch.randint(0, 8000, (5,), device="cuda"), torch.arange(5, device="cuda")
     eager = runner.forward(ids, pos, meta, rows)
-    runner.graphs = StepGraphs(runner)
+    runner.use_cuda_graphs()
     for _ in range(3):   # eager at the shape's first use, then a capture, then a replay
         graphed = runner.forward(ids, pos, meta, rows)
         torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-4)

@@ -16,7 +16,7 @@ PARAMS = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)   # con
 def _graphed(spec, capture=False):
     llm = LLM("default", spec=spec)
     for runner in llm.engine.runners():
-        runner.graphs = cg.StepGraphs(runner, capture=capture)
+        runner.use_cuda_graphs(capture=capture)
     return llm
 
 

@@ -96,8 +96,8 @@ def test_single_token_schedule_has_no_host_sync_and_is_lossless(llama_dir, heads
     monkeypatch.setattr(engine_mod, "sync_free_step", counted)
     ps = prompts(16, seed=50)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=1))
-    llm.engine.sync_guard = forbid_host_syncs   # any host read of a tensor in the region raises
+    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=1),
+              check_host_syncs=True)   # any host read of a tensor in the region raises
     for bs in (1, 6, 16):
         assert [o.token_ids for o in llm.generate(ps[:bs], params)] == plain_greedy(ps[:bs], params)
     assert len(calls) > 30 and llm.stats()["num_accepted_tokens"] >= 20   # most steps took the schedule
@@ -111,12 +111,11 @@ def test_single_token_schedule_has_no_host_sync_and_is_lossless(llama_dir, heads
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_single_token_schedule_on_cuda_without_sync(llama_dir, heads):
-    from sonarspec_ext.engine.sync_free import cuda_sync_guard
     ps = prompts(8, seed=51)
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     ref = [o.token_ids for o in LLM(llama_dir, device="cuda").generate(ps, params)]
-    llm = LLM(llama_dir, device="cuda", spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=1))
-    llm.engine.sync_guard = lambda: cuda_sync_guard("cuda")
+    llm = LLM(llama_dir, device="cuda", spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=1),
+              check_host_syncs=True)
     assert [o.token_ids for o in llm.generate(ps, params)] == ref
 
 

@@ -42,6 +42,10 @@ class EngineConfig:
     # file's Q8_0 / Q4_0 / Q4_1 blocks (CPU, float32 activations), "none" dequantizes at load,
     # "q8_0" / "q4_0" / "q4_1" quantize any checkpoint at load
     quantization: str = "auto"
+    # debugging: inside the single-token MTP schedule's device region, any host read of a
+    # tensor raises (engine/sync_free.py: forbid_host_syncs on the CPU, torch.cuda's sync
+    # debug mode on CUDA) - the region must never wait for the device
+    check_host_syncs: bool = False
 
     def __post_init__(self):
         for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "num_pages",

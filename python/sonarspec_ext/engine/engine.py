@@ -9,7 +9,6 @@ import gc
 import itertools
 import logging
 import time
-from contextlib import nullcontext
 from typing import Dict, List, Optional, Union
 
 import torch
@@ -18,7 +17,6 @@ from .. import _C
 from ..models.config import ModelConfig
 from ..models.loader import load_model, load_tokenizer, parse_dtype
 from ..params import SamplingParams, SpecConfig
-from ..runtime.cuda_graphs import StepGraphs
 from ..runtime.kv_cache import KVCache, num_pages_for_budget
 from ..runtime.runner import ModelRunner
 from ..sampling.logprobs import token_logprobs
@@ -86,7 +84,7 @@ class Engine:
             if self.device.type != "cuda":
                 raise ValueError(f"cuda_graphs needs a CUDA device, not {self.device.type!r}")
             for runner in self.runners():
-                runner.graphs = StepGraphs(runner)
+                runner.use_cuda_graphs()
         self.seqs: Dict[int, Request] = {}
         self._ids = itertools.count()
         self.timing = dict.fromkeys(TIMING_KEYS, 0.0)
@@ -98,9 +96,6 @@ class Engine:
         self.num_steps = 0
         self.output = OutputProcessor(self.tokenizer, self.planner, self.proposer, self.max_model_len)
         self.finished = self.output.finished   # statistics of finished requests, as running totals
-        # wraps the region of the single-token MTP schedule that must not wait for the host
-        # (``sync_free.forbid_host_syncs`` or ``cuda_sync_guard`` make a sync there raise)
-        self.sync_guard = nullcontext
         self._step_seq_ids: List[int] = []   # the running step's sequences (failed together if it raises)
         if c.freeze_gc:
             gc.freeze()

@@ -10,7 +10,7 @@ read the accepted counts; on a GPU that read overlaps the head's run.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import List
 
 import torch
@@ -38,6 +38,11 @@ class forbid_host_syncs(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def host_sync_guard(device):
+    """The guard ``EngineConfig.check_host_syncs`` puts around the region on ``device``."""
+    return cuda_sync_guard(device) if torch.device(device).type == "cuda" else forbid_host_syncs()
+
+
 @contextmanager
 def cuda_sync_guard(device):
     """``torch.cuda.set_sync_debug_mode('error')`` for the region on CUDA devices."""
@@ -59,7 +64,7 @@ def sync_free_step(engine, batch, drafts) -> List:
     logits, hidden = engine.runner.forward(ids, positions, meta, logits_idx, hidden_indices=slice(None))
     starts = torch.tensor([b.row for b in blocks], dtype=torch.long, device=ids.device)
     t1 = time.perf_counter()
-    with engine.sync_guard():
+    with host_sync_guard(engine.device) if engine.config.check_host_syncs else nullcontext():
         tokens, accepted = [], []
         for b in blocks:
             t, a = verify_chain_device(logits[b.logits_offset:b.logits_offset + 2], ids[b.row + 1:b.row + 2],

@@ -28,9 +28,16 @@ class ModelRunner:
         self.device = kv_cache.k.device
         self._stack = None   # the model's layers as one native call, built at the first small step
         self._stack_built = False
-        self.graphs = None   # engine.cuda_graphs.StepGraphs when small uniform steps run as CUDA graphs
+        self.graphs = None   # runtime.cuda_graphs.StepGraphs once use_cuda_graphs() is called
         self.policy = ExecutionPolicy()   # picks each forward's path and counts them
         self.threads = ThreadPolicy()     # the threads its native kernels and torch's ops get
+
+    def use_cuda_graphs(self, capture: bool = True) -> None:
+        """Small uniform steps on this runner run as CUDA graphs from now on
+        (``runtime.cuda_graphs.StepGraphs``; ``capture`` False runs their static-buffer
+        forward eagerly, for tests)."""
+        from .cuda_graphs import StepGraphs
+        self.graphs = StepGraphs(self, capture=capture)
 
     def stack(self):
         """The model's layers as one native call (``ops.DecoderStack``) on this cache, built
