@@ -87,13 +87,13 @@ def test_sampled_output_follows_the_target_distribution(llama_dir, heads, temper
 
 def test_single_token_schedule_has_no_host_sync_and_is_lossless(llama_dir, heads, plain_greedy, monkeypatch):
     import sonarspec_ext.engine.engine as engine_mod
-    from sonarspec_ext.engine.sync_free import HostSyncError, forbid_host_syncs, sync_free_step
+    from sonarspec_ext.engine.single_token_step import HostSyncError, forbid_host_syncs, single_token_step
     calls = []
 
     def counted(*a):
         calls.append(1)
-        return sync_free_step(*a)
-    monkeypatch.setattr(engine_mod, "sync_free_step", counted)
+        return single_token_step(*a)
+    monkeypatch.setattr(engine_mod, "single_token_step", counted)
     ps = prompts(16, seed=50)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=1),

@@ -1,6 +1,6 @@
 """Batch building: a step's sequences packed into the target's input, one ``Block`` per
 sequence as ``pack`` lays it out and the step strategies (``generic_step``,
-``sync_free_step``) read it."""
+``single_token_step``) read it."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -43,7 +43,7 @@ class EngineConfig:
     # "q8_0" / "q4_0" / "q4_1" quantize any checkpoint at load
     quantization: str = "auto"
     # debugging: inside the single-token MTP schedule's device region, any host read of a
-    # tensor raises (engine/sync_free.py: forbid_host_syncs on the CPU, torch.cuda's sync
+    # tensor raises (engine/single_token_step.py: forbid_host_syncs on the CPU, torch.cuda's sync
     # debug mode on CUDA) - the region must never wait for the device
     check_host_syncs: bool = False
 

@@ -27,7 +27,7 @@ from .generic_step import generic_step
 from .output import OutputProcessor
 from .request import Request
 from .spec_control import BatchSpeculationControl
-from .sync_free import sync_free_step
+from .single_token_step import single_token_step
 
 TIMING_KEYS = ("plan", "draft", "verify", "sample", "post", "wait")   # post: emitting tokens, planning ahead
 log = logging.getLogger("sonarspec")
@@ -216,9 +216,9 @@ class Engine:
         t1 = time.perf_counter()
         drafts = dict(zip((s.seq_id for s in decode), self.proposer.propose(decode, ks)))
         t2 = time.perf_counter()
-        if self.proposer.sync_free and decode and len(decode) == len(batch) and all(
+        if self.proposer.single_token_schedule and decode and len(decode) == len(batch) and all(
                 len(d.token_ids) == 1 for d in drafts.values()):
-            got_tokens = sync_free_step(self, batch, drafts)
+            got_tokens = single_token_step(self, batch, drafts)
         else:
             got_tokens = generic_step(self, batch, drafts)
         self.timing["plan"] += t1 - t0

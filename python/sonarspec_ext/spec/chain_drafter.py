@@ -7,7 +7,7 @@ Per sequence the drafter carries the logits that predict its next draft (and, fo
 head, a predicted feature). ``propose`` takes, in order: one native call running every
 waiting re-run and then its chain (``ModelRunner.refill_chain``, greedy CPU drafting);
 else the waiting re-runs, then all chains without a host round trip per round
-(``whole_chains``: native chains, or greedy chains kept on the device); else the rounds
+(``fused_chains``: native chains, or greedy chains kept on the device); else the rounds
 one by one (``propose_chains``) - the same computations whichever applies.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .proposer import Draft, Proposer, RefillRow, flush_waiting, propose_chains, waiting_rows, whole_chains
+from .proposer import Draft, Proposer, RefillRow, flush_waiting, fused_chains, propose_chains, waiting_rows
 
 
 class ChainDrafter(Proposer):
@@ -108,7 +108,7 @@ class ChainDrafter(Proposer):
         flush_waiting(self.waiting, self.refill)
         logits, positions, feats = self._chain_start(seqs)
         stacked = torch.stack(feats) if feats is not None and seqs else None
-        drafts = whole_chains(self, seqs, ks, logits, positions, self.window, stacked)
+        drafts = fused_chains(self, seqs, ks, logits, positions, self.window, stacked)
         if drafts is not None:
             return drafts
 

@@ -26,7 +26,7 @@ class EagleTreeProposer(MTPProposer):
                  dtype, device, paths: Optional[List[List[int]]] = None,
                  token_budget: int = NATIVE_ATTENTION_MAX_TOKENS):
         super().__init__(head, depth, planner, num_pages, page_size, dtype, device)
-        self.sync_free = False   # trees never take the single-token schedule
+        self.single_token_schedule = False   # trees never take the single-token schedule
         self.defer_refills = False   # trees draft from the carried state, so the head re-runs at once
         self.top_k, self.num_nodes = top_k, (len(paths) if paths is not None else num_nodes)
         self.paths = None if paths is None else [tuple(p) for p in paths]

@@ -42,7 +42,7 @@ class MTPProposer(ChainDrafter):
         self.kv_cache = KVCache(head.config, num_pages, page_size, dtype, device)
         super().__init__(ModelRunner(head, self.kv_cache), planner, num_draft_tokens, num_draft_tokens,
                          head.vocab_size, head.config.sliding_window, sample_drafts)
-        self.sync_free = num_draft_tokens == 1   # the engine may use the single-token schedule
+        self.single_token_schedule = num_draft_tokens == 1   # the engine may use the single-token schedule
 
     def ready(self, seq) -> bool:
         w = self.waiting.get(seq.seq_id)

@@ -72,7 +72,7 @@ class Proposer:
     #: whether ``after_step`` needs the target's final hidden states
     needs_hidden: bool = False
     #: whether all-decode steps with one draft each may run the single-token MTP schedule
-    sync_free: bool = False
+    single_token_schedule: bool = False
     planner = None
     #: drafters that run a model (draft LLM, MTP head): its runner, the vocabulary its drafts
     #: come from, and whether sampled requests draw their drafts from it (``propose_chains``)
@@ -186,7 +186,7 @@ def propose_chains(seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor]
     return drafts
 
 
-def whole_chains(proposer, seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor], positions: Sequence[int],
+def fused_chains(proposer, seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor], positions: Sequence[int],
                  window: Optional[int], features: Optional[torch.Tensor] = None) -> Optional[List[Draft]]:
     """All of a step's chains without a host round trip per round: ``native_chains`` (CPU
     drafters running as a native stack), else greedy ``device_chains``; None where neither

@@ -57,7 +57,7 @@ def cuda_sync_guard(device):
         torch.cuda.set_sync_debug_mode(old)
 
 
-def sync_free_step(engine, batch, drafts) -> List:
+def single_token_step(engine, batch, drafts) -> List:
     proposer = engine.proposer
     t0 = time.perf_counter()
     ids, positions, meta, blocks, logits_idx = pack(engine, batch, drafts)
