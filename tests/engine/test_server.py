@@ -4,67 +4,14 @@ the ``openai`` client; bad input answered with OpenAI-shaped errors while servin
 clients that disconnect have their requests aborted and their KV pages freed."""
 import json
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from sonarspec_ext import LLM, SamplingParams, SpecConfig
-from helpers.models import CHATML
-from sonarspec_ext.server.app import ServerLimits, create_app
-
-KEY = "test-key"
-
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The packaged target (its MTP head drafts) with a ChatML template, behind uvicorn."""
-    import shutil
-    import uvicorn
-    from sonarspec_ext.assets import resolve
-    model = str(tmp_path_factory.mktemp("served") / "target")
-    shutil.copytree(resolve("default", "target"), model)
-    with open(f"{model}/tokenizer_config.json") as fh:
-        cfg = json.load(fh)
-    with open(f"{model}/tokenizer_config.json", "w") as fh:
-        json.dump({**cfg, "chat_template": CHATML}, fh)
-    spec = SpecConfig(method="mtp", draft=resolve("default", "mtp"), num_draft_tokens=2)
-    llm = LLM(model, spec=spec)
-    app = create_app(llm, "tiny", api_key=KEY, limits=ServerLimits(max_body_bytes=20_000, max_prompt_tokens=300,
-                                                                    max_tokens=1000))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    oracle = LLM(model, spec=spec)
-    yield f"http://127.0.0.1:{port}", app, llm, oracle
-    srv.should_exit = True
-    th.join(timeout=10)
-
-
-def _wait_until_idle(app, llm, timeout_s: float = 10.0):
-    """Waits until the engine thread tracks no request and every KV page is free; asserts it."""
-    total = llm.engine.kv_cache.num_pages
-    deadline = time.perf_counter() + timeout_s
-    while time.perf_counter() < deadline:
-        if not app.state.engine_loop._tracked and llm.engine.planner.num_free_pages == total:
-            break
-        time.sleep(0.05)
-    assert not app.state.engine_loop._tracked and llm.engine.planner.num_free_pages == total
-
-
-def _post(url, path, body, key=KEY, **kw):
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.post(url + path, json=body, headers=headers, timeout=60, **kw)
+from helpers.server import KEY, post as _post, wait_until_idle as _wait_until_idle
+from sonarspec_ext import SamplingParams
 
 
 def test_completions_and_chat_equal_the_library(server):
@@ -275,42 +222,3 @@ def test_stop_strings_and_seeds_through_the_openai_client(server):
     c = client.completions.create(seed=12, **kw).choices[0].text
     assert a == b == oracle.generate(["import os\n"], SamplingParams(max_tokens=20, temperature=0.9, seed=11))[0].text
     assert c != a
-
-
-def test_logprobs_through_the_openai_client_equal_the_library(server):
-    """Completions' and chat's logprobs (OpenAI's two shapes), streamed and not: the
-    library's ``RequestOutput.logprobs`` for the same request; bad values are 400s."""
-    openai = pytest.importorskip("openai")
-    url, _, _, oracle = server
-    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
-    want = oracle.generate(["def add(a, b):"], SamplingParams(max_tokens=12, temperature=0, logprobs=2))[0]
-    r = client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=12, temperature=0, logprobs=2)
-    lp = r.choices[0].logprobs
-    assert lp.token_logprobs == pytest.approx([e.logprob for e in want.logprobs], abs=1e-6)
-    assert lp.tokens == [oracle.tokenizer.decode([e.token_id]) for e in want.logprobs]
-    assert "".join(lp.tokens) == r.choices[0].text and lp.text_offset[0] == 0
-    assert [len(t) for t in lp.top_logprobs] == [len({oracle.tokenizer.decode([i]) for i, _ in e.top})
-                                                 for e in want.logprobs]
-    streamed = [c.choices[0].logprobs for c in client.completions.create(
-        model="tiny", prompt="def add(a, b):", max_tokens=12, temperature=0, logprobs=2, stream=True)
-        if c.choices and c.choices[0].logprobs is not None]
-    assert sum((c.token_logprobs for c in streamed), []) == pytest.approx(lp.token_logprobs, abs=1e-6)
-    assert sum((c.text_offset for c in streamed), []) == lp.text_offset
-    messages = [{"role": "user", "content": "hi"}]
-    want = oracle.chat(messages, SamplingParams(max_tokens=10, temperature=0, logprobs=3))[0]
-    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0,
-                                       logprobs=True, top_logprobs=3)
-    content = r.choices[0].logprobs.content
-    assert [c.logprob for c in content] == pytest.approx([e.logprob for e in want.logprobs], abs=1e-6)
-    assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token for c in content)
-    assert all(bytes(c.bytes).decode("utf-8") == c.token for c in content)
-    chunks = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0,
-                                            logprobs=True, stream=True)
-    streamed = sum((c.choices[0].logprobs.content for c in chunks if c.choices and c.choices[0].logprobs), [])
-    assert [c.logprob for c in streamed] == pytest.approx([c.logprob for c in content], abs=1e-6)
-    assert all(c.top_logprobs == [] for c in streamed)
-    assert client.completions.create(model="tiny", prompt="x", max_tokens=2).choices[0].logprobs is None
-    for body in ({"messages": messages, "top_logprobs": 2}, {"messages": messages, "logprobs": True,
-                                                             "top_logprobs": 21}):
-        r = _post(url, "/v1/chat/completions", body)
-        assert r.status_code == 400 and "logprobs" in r.json()["error"]["message"], r.text
