@@ -2,7 +2,10 @@
 """The OpenAI-compatible server under load: requests/s, output tokens/s, time to first token
 and inter-token latency (p50 / p99) at several concurrencies, plain vs speculative, over
 streaming chat requests (the benchmark's held-out chat questions, cycled). Each
-configuration runs its own server in this process on a loopback port.
+configuration runs its own server in this process on a loopback port; the clients run in
+a process of their own (``--client-process``, the default), so they do not share the
+server's interpreter (and its lock) - the engine's busy share of the wall time is then the
+server's own efficiency.
 
     python tools/bench_serve.py [--model smollm2] [--specs none mtp] [--concurrency 1 4 16]
                                 [--requests 16] [--max-tokens 96] [--spec-max-batch N] [--json PATH]
@@ -78,6 +81,11 @@ async def load(url, concurrency, requests, max_tokens):
             "itl_p50_s": pct(itl, 0.5), "itl_p99_s": pct(itl, 0.99)}
 
 
+def run_load(url, concurrency, requests, max_tokens) -> dict:
+    """``load`` to completion (a client process's entry point)."""
+    return asyncio.run(load(url, concurrency, requests, max_tokens))
+
+
 def plot(rows, path: str) -> bool:
     """Output tokens/s and ITL p50 vs concurrency, one line per spec; False without matplotlib."""
     try:
@@ -116,7 +124,14 @@ def main() -> None:
     ap.add_argument("--spec-max-batch", type=int, default=None, help="the server's load control (serve's flag)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="PNG of throughput and ITL vs concurrency (needs matplotlib)")
+    ap.add_argument("--client-process", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the clients in their own process (--no-client-process: in this one)")
     args = ap.parse_args()
+    clients = None
+    if args.client_process:
+        import multiprocessing
+        clients = multiprocessing.get_context("spawn").Pool(1)
+    measure = (lambda *a: clients.apply(run_load, a)) if clients is not None else run_load
     rows = []
     for spec in args.specs:
         t0 = time.perf_counter()
@@ -125,16 +140,18 @@ def main() -> None:
         llm = LLM(args.model, spec=SpecConfig(method=spec), quantization=args.quantization, **control)
         srv, url = start_server(llm, args.model)
         startup = time.perf_counter() - t0
-        asyncio.run(load(url, 1, 2, 8))   # warm-up
+        measure(url, 1, 2, 8)   # warm-up
         for c in args.concurrency:
             busy0 = sum(llm.engine.timing.values())
-            measured = asyncio.run(load(url, c, max(args.requests, c), args.max_tokens))
+            measured = measure(url, c, max(args.requests, c), args.max_tokens)
             # the engine's share of the wall time: at concurrency 1 the rest is the server's
-            # overhead (HTTP, SSE, the hand-off between threads) and the client's
+            # overhead (HTTP, SSE, the hand-off between threads; the clients' too without
+            # --client-process)
             wall = measured["requests"] / measured["requests_per_s"]
             busy = (sum(llm.engine.timing.values()) - busy0) / wall
             row = {"spec": spec, "spec_max_batch": args.spec_max_batch, "spec_control": args.spec_control,
-                   "quantization": args.quantization, "startup_s": startup, "engine_busy_fraction": busy, **measured}
+                   "quantization": args.quantization, "startup_s": startup, "engine_busy_fraction": busy,
+                   "client_process": args.client_process, **measured}
             rows.append(row)
             print(f"{spec:6s} c={c:3d}: {row['requests_per_s']:.2f} req/s, {row['output_tok_s']:.1f} tok/s, "
                   f"per stream {row['per_stream_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_s'] * 1e3:.0f} ms "
@@ -143,6 +160,8 @@ def main() -> None:
                   f"(start-up {startup:.1f} s)", flush=True)
         srv.should_exit = True
         time.sleep(0.5)
+    if clients is not None:
+        clients.close()
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"model": args.model, "max_tokens": args.max_tokens, "spec_max_batch": args.spec_max_batch,
