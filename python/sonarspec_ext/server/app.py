@@ -204,25 +204,19 @@ def _num_logprobs(req) -> Optional[int]:
     return req.logprobs
 
 
-async def _events(loop: EngineLoop, ids, params, request: Request, poll_disconnect: bool = True):
-    """Yields the request's Delta events, then its Done; aborts it if the client leaves.
-    ``poll_disconnect``: check for a departed client every second while waiting (a
-    non-streaming response; a stream's disconnect cancels this generator instead, which
-    aborts the request all the same)."""
+async def _events(loop: EngineLoop, ids, params, request: Request):
+    """Yields the request's Delta events, then its Done; aborts it if the client leaves."""
     out: asyncio.Queue = asyncio.Queue()
     key = loop.submit(ids, params, out, asyncio.get_running_loop())
     done = False
     try:
         while True:
-            if poll_disconnect:
-                try:
-                    ev = await asyncio.wait_for(out.get(), timeout=1.0)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        return
-                    continue
-            else:
-                ev = await out.get()
+            try:
+                ev = await asyncio.wait_for(out.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    return
+                continue
             yield ev
             if isinstance(ev, Done):
                 done = True
@@ -262,7 +256,7 @@ async def _respond(request: Request, loop: EngineLoop, ids, params, req, model_n
     async def sse():
         yield _sse(chunk_body(rid, model_name, created, chat, text="" if chat else None, role=True))
         offset = 0   # completions' text_offset of the next token
-        async for ev in _events(loop, ids, params, request, poll_disconnect=False):
+        async for ev in _events(loop, ids, params, request):
             if isinstance(ev, Delta):
                 lp = logprobs_body(ev.logprobs, token_text, chat, offset) if ev.logprobs else None
                 if lp is not None and not chat:
