@@ -22,7 +22,6 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
@@ -101,12 +100,8 @@ def main():
         state["before"] = agreement(draft, target, val_data)
         print(f"before: {state['before']}")
     torch.manual_seed(args.seed)
-    bar = tqdm(total=args.steps, initial=state["step"], desc="distil draft", unit="step", dynamic_ncols=True)
-    clock = base.StepClock(state)
-    while state["step"] < args.steps:
-        step = state["step"]
-        for group in opt.param_groups:
-            group["lr"] = base.lr_at(step, args.steps, args.lr, warmup=50)
+    clock = base.StepClock(state, args.steps, args.lr, "distil draft", warmup=50)
+    for step in clock.steps(opt):
         x = windows(train_data, step, args.seed)
         with torch.no_grad():
             t_logp = F.log_softmax(logits_of(target, x), -1)
@@ -114,13 +109,10 @@ def main():
         loss = F.kl_div(d_logp, t_logp, log_target=True, reduction="batchmean")
         base.optimizer_step(opt, draft, loss)
         ema = clock.tick(loss.item())
-        bar.update(1)
-        bar.set_postfix(kl=f"{ema:.3f}")
         if state["step"] % 100 == 0 or state["step"] == args.steps:
             state["history"].append({"step": state["step"], "kl": round(ema, 4), "wall_s": round(state["wall"], 1),
                                      **agreement(draft, target, val_data, num_windows=16)})
             base.save_checkpoint(ckpt, draft, opt, state)
-    bar.close()
     after = agreement(draft, target, val_data)
     print(f"after: {after}")
     with open(os.path.join(draft_dir, "training.json")) as fh:   # read before --out may overwrite it

@@ -30,7 +30,6 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
@@ -129,12 +128,8 @@ def main():
     if run["before"] is None:
         run["before"] = evaluate(args.eval_windows)
         print(f"before: {run['before']}")
-    bar = tqdm(total=args.steps, initial=run["step"], desc="distil draft", unit="step", dynamic_ncols=True)
-    clock = base.StepClock(run)
-    while run["step"] < args.steps:
-        step = run["step"]
-        for group in opt.param_groups:
-            group["lr"] = base.lr_at(step, args.steps, args.lr, warmup=50)
+    clock = base.StepClock(run, args.steps, args.lr, "distil draft", warmup=50)
+    for step in clock.steps(opt):
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
         tokens, hidden = train.get(torch.randint(0, len(train), (args.batch_size,), generator=g))
         with torch.no_grad():
@@ -143,14 +138,11 @@ def main():
         loss = F.kl_div(logp, teacher, log_target=True, reduction="batchmean")
         base.optimizer_step(opt, draft, loss)
         ema = clock.tick(loss.item())
-        bar.update(1)
-        bar.set_postfix(kl=f"{ema:.3f}")
         if run["step"] % args.eval_every == 0 or run["step"] == args.steps:
             run["history"].append({"step": run["step"], "train_kl": round(ema, 4), "wall_s": round(run["wall"], 1),
                                    **evaluate(args.eval_windows // 2)})
-            tqdm.write(json.dumps(run["history"][-1]))
+            clock.bar.write(json.dumps(run["history"][-1]))
             base.save_checkpoint(ckpt, draft, opt, run)
-    bar.close()
     after = evaluate(len(val))
     print(f"after: {after}")
     info = {"target": args.target, "target_fingerprint": checkpoint_fingerprint(target_dir), "layers": args.layers,

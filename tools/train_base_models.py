@@ -127,18 +127,32 @@ def save_checkpoint(path: str, model, opt, state: dict) -> None:
 
 
 class StepClock:
-    """A training loop's bookkeeping: ``tick(loss)`` after each step adds its wall time to
-    ``state["wall"]``, counts it in ``state["step"]`` and returns the smoothed loss (EMA 0.95)."""
+    """A training loop's bookkeeping over ``state`` (``"step"``, ``"wall"``): ``steps(opt)``
+    yields the remaining step numbers with each step's learning rate set (``lr_at``) on a
+    progress bar, ``tick(loss)`` after each step adds its wall time, counts it and returns
+    the smoothed loss (EMA 0.95), shown on the bar."""
 
-    def __init__(self, state: dict):
-        self.state, self.last, self.ema = state, time.time(), None
+    def __init__(self, state: dict, total: int, peak_lr: float, desc: str, warmup: int = 100):
+        self.state, self.total, self.peak_lr, self.warmup = state, total, peak_lr, warmup
+        self.bar = tqdm(total=total, initial=state["step"], desc=desc, unit="step", dynamic_ncols=True)
+        self.last, self.ema = time.time(), None
 
-    def tick(self, loss: float) -> float:
+    def steps(self, opt):
+        while self.state["step"] < self.total:
+            step = self.state["step"]
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, self.total, self.peak_lr, self.warmup)
+            yield step
+        self.bar.close()
+
+    def tick(self, loss: float, **shown) -> float:
         now = time.time()
         self.state["wall"] += now - self.last
         self.last = now
         self.state["step"] += 1
         self.ema = loss if self.ema is None else 0.95 * self.ema + 0.05 * loss
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{self.ema:.3f}", **shown)
         return self.ema
 
 
@@ -186,24 +200,17 @@ def train_model(name: str, spec: dict, eot: int, train_data, val_data, work: str
     ckpt_path = os.path.join(work, f"{name}.ckpt.pt")
     state = load_checkpoint(ckpt_path, model, opt, {"step": 0, "tokens": 0, "wall": 0.0, "history": []}, name)
     model.train()
-    bar = tqdm(total=steps, initial=state["step"], desc=f"train {name}", unit="step", dynamic_ncols=True)
-    clock = StepClock(state)
-    while state["step"] < steps:
-        step = state["step"]
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, peak)
+    clock = StepClock(state, steps, peak, f"train {name}")
+    for step in clock.steps(opt):
         loss = loss_on(model, batch(train_data, step, seed))
         optimizer_step(opt, model, loss)
-        ema = clock.tick(loss.item())
         state["tokens"] += BATCH_SIZE * SEQ_LEN
-        bar.update(1)
-        bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{state['tokens'] / max(state['wall'], 1e-9):.0f}")
+        ema = clock.tick(loss.item(), tok_s=f"{state['tokens'] / max(state['wall'], 1e-9):.0f}")
         if state["step"] % 50 == 0:
             state["history"].append({"step": state["step"], "train_loss": round(ema, 4),
                                      "tokens": state["tokens"], "wall_s": round(state["wall"], 1)})
         if state["step"] % 100 == 0 or state["step"] == steps:
             save_checkpoint(ckpt_path, model, opt, state)
-    bar.close()
     val_loss = evaluate(model, val_data)
     train_loss = evaluate(model, train_data, max_windows=200)
     save_model(model, out, dtype="bfloat16")
