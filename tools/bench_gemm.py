@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""ops.padded_linear (native small-M GEMM, float32 and bfloat16 weights) against torch's
+"""ops.kernel_linear (native small-M GEMM, float32 and bfloat16 weights) against torch's
 F.linear in the same run: d x d weights, M rows, median of 5 timed batches.
 
     python tools/bench_gemm.py [--json PATH] [--threads 2]
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from sonarspec_ext.bench import median_us
-from sonarspec_ext.ops.linear import native_gemm_threads, padded_linear
+from sonarspec_ext.ops.linear import native_gemm_threads, kernel_linear
 
 
 
@@ -32,8 +32,8 @@ def main() -> None:
             x = torch.randn(m, d)
             torch_us = median_us(lambda: F.linear(x, w), 200, 20)
             with native_gemm_threads():
-                f32_us = median_us(lambda: padded_linear(x, w), 200, 20)
-                bf16_us = median_us(lambda: padded_linear(x, wb), 200, 20)
+                f32_us = median_us(lambda: kernel_linear(x, w), 200, 20)
+                bf16_us = median_us(lambda: kernel_linear(x, wb), 200, 20)
             rows.append({"d": d, "m": m, "torch_f32_us": round(torch_us, 1), "native_f32_us": round(f32_us, 1),
                          "native_bf16w_us": round(bf16_us, 1)})
             print(f"d {d:5d} M {m}: F.linear {torch_us:8.1f} us | native float32 {f32_us:8.1f} us "

@@ -92,7 +92,7 @@ def bench_padded_mlp(rows: list) -> None:
     D and 2 D tokens: with 64-row tiles both cost the same blocks up to D = 32. torch's
     F.linear composition is timed beside it."""
     if not ops.built_with_cutlass():
-        rows.append({"kernel": "padded_mlp", "skipped": "build without the CUTLASS GEMM"})
+        rows.append({"kernel": "kernel_mlp", "skipped": "build without the CUTLASS GEMM"})
         return
     H, inter = 4096, 14336
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -105,9 +105,9 @@ def bench_padded_mlp(rows: list) -> None:
         gu = F.linear(t, gate_up)
         return F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], down)
     for D in (1, 2, 4, 8, 16, 32, 64):
-        us = {n: cuda_median_us(lambda n=n: ops.padded_mlp(x[:n], gate_up, down)) for n in (D, 2 * D)}
+        us = {n: cuda_median_us(lambda n=n: ops.kernel_mlp(x[:n], gate_up, down)) for n in (D, 2 * D)}
         ref = {n: cuda_median_us(lambda n=n: torch_mlp(x[:n])) for n in (D, 2 * D)}
-        rows.append({"kernel": "padded_mlp", "tokens": D, "us": round(us[D], 2), "us_2x_tokens": round(us[2 * D], 2),
+        rows.append({"kernel": "kernel_mlp", "tokens": D, "us": round(us[D], 2), "us_2x_tokens": round(us[2 * D], 2),
                      "ratio_2x": round(us[2 * D] / us[D], 3), "torch_us": round(ref[D], 2),
                      "torch_us_2x_tokens": round(ref[2 * D], 2), "vs_torch": round(us[D] / ref[D], 3),
                      "weight_read_floor_us": round(copy_floor_us(3 * H * inter * 2), 2)})

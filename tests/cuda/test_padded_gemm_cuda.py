@@ -1,4 +1,4 @@
-"""The CUTLASS 64-row-tile GEMM behind ``ops.padded_linear`` on CUDA (bfloat16 / float16):
+"""The CUTLASS 64-row-tile GEMM behind ``ops.kernel_linear`` on CUDA (bfloat16 / float16):
 against float64 torch, row for row independent of how many rows share the tile, shapes it
 does not take falling back to ``F.linear``. GPU tests skip without a CUDA device and a
 build with the kernel (``tools/gpu_check.sh`` runs them on a GPU machine)."""
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sonarspec_ext import _C
-from sonarspec_ext.ops import padded_linear, padded_mlp
+from sonarspec_ext.ops import kernel_linear, kernel_mlp
 from sonarspec_ext.ops.checks import built_with_cuda, built_with_cutlass
 from sonarspec_ext.ops.elementwise import silu_and_mul
 from sonarspec_ext.ops.linear import _cutlass_linear
@@ -41,7 +41,7 @@ def test_matches_float64_torch(dtype, m, n, k, bias):
     # one rounding of the float32 accumulator to the 16-bit output (bf16: 2^-8 relative)
     tol = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
     torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
-    assert torch.equal(padded_linear(x, w, b), got)
+    assert torch.equal(kernel_linear(x, w, b), got)
 
 
 @needs_gpu
@@ -50,9 +50,9 @@ def test_a_row_does_not_depend_on_the_rows_sharing_its_tile():
     """Batch invariance: a token's output is the same bits whether it is decoded alone or
     verified among 63 others (the k-loop order does not depend on m)."""
     x, w, b = _operands(64, 512, 256, torch.bfloat16, seed=3)
-    full = padded_linear(x, w, b)
+    full = kernel_linear(x, w, b)
     for m in (1, 5, 17):
-        assert torch.equal(padded_linear(x[:m], w, b), full[:m])
+        assert torch.equal(kernel_linear(x[:m], w, b), full[:m])
 
 
 @needs_gpu
@@ -60,10 +60,10 @@ def test_a_row_does_not_depend_on_the_rows_sharing_its_tile():
 def test_unsupported_shapes_fall_back_and_mlp_composes():
     x, w, b = _operands(9, 77, 45, torch.bfloat16, seed=5)      # k, n not multiples of 8
     assert _cutlass_linear(x, w, b) is None
-    torch.testing.assert_close(padded_linear(x, w, b), torch.nn.functional.linear(x, w, b))
+    torch.testing.assert_close(kernel_linear(x, w, b), torch.nn.functional.linear(x, w, b))
     x, gate_up, _ = _operands(12, 2 * 96, 64, torch.bfloat16, seed=6, bias=False)
     down = _operands(1, 64, 96, torch.bfloat16, seed=7, bias=False)[1]
-    want = padded_linear(silu_and_mul(padded_linear(x, gate_up)), down)
-    assert torch.equal(padded_mlp(x, gate_up, down), want)
+    want = kernel_linear(silu_and_mul(kernel_linear(x, gate_up)), down)
+    assert torch.equal(kernel_mlp(x, gate_up, down), want)
     x3 = x.view(3, 4, 64)                                       # leading dims
-    assert torch.equal(padded_linear(x3, gate_up).view(12, -1), padded_linear(x, gate_up))
+    assert torch.equal(kernel_linear(x3, gate_up).view(12, -1), kernel_linear(x, gate_up))

@@ -75,12 +75,12 @@ from sonarspec_ext import ops
 x = torch.randn(1, 16)
 for n in (128, 1 << 20):
     w = torch.randn(n, 16)
-    torch.testing.assert_close(ops.padded_linear(x, w, torch.zeros(1)), F.linear(x, w, torch.zeros(1)))
+    torch.testing.assert_close(ops.kernel_linear(x, w, torch.zeros(1)), F.linear(x, w, torch.zeros(1)))
 print("ok")
 """)
     assert "ok" in out
     with pytest.raises(RuntimeError):   # F.linear's own refusal of a bias that does not broadcast
-        ops.padded_linear(torch.randn(2, 16), torch.randn(8, 16), torch.zeros(3))
+        ops.kernel_linear(torch.randn(2, 16), torch.randn(8, 16), torch.zeros(3))
 
 
 def test_meta_tensors_are_refused_by_every_raw_pointer_op():
@@ -95,8 +95,8 @@ refused(lambda: ops.tree_speculative_sampling(m(1, 3, 8), i64(1, 3), i64(1, 3), 
 # CPU activations with meta weights: torch's own ops answer, nothing native runs
 from sonarspec_ext.ops.elementwise import rms_norm
 x = torch.randn(2, 8)
-for call, shape in ((lambda: rms_norm(x, m(8), 1e-6), (2, 8)), (lambda: ops.padded_mlp(x, m(12, 8), m(8, 6)), (2, 8)),
-                    (lambda: ops.padded_linear(x, m(4, 8)), (2, 4))):
+for call, shape in ((lambda: rms_norm(x, m(8), 1e-6), (2, 8)), (lambda: ops.kernel_mlp(x, m(12, 8), m(8, 6)), (2, 8)),
+                    (lambda: ops.kernel_linear(x, m(4, 8)), (2, 4))):
     try:
         assert tuple(call().shape) == shape
     except (RuntimeError, ValueError):   # torch's own refusal of mixed devices
@@ -131,7 +131,7 @@ def test_native_gemm_from_several_python_threads():
 
     def work(i):
         for _ in range(200):
-            out = ops.padded_linear(xs[i], ws[i])
+            out = ops.kernel_linear(xs[i], ws[i])
             if not torch.allclose(out, ref[i], atol=1e-3, rtol=1e-4):
                 errors.append(i)
                 return

@@ -59,17 +59,17 @@ def test_padded_linear_matches_torch(m, n, k, bias):
     x = torch.randn(m, k, generator=g)
     w = torch.randn(n, k, generator=g)
     b = torch.randn(n, generator=g) if bias else None
-    torch.testing.assert_close(ops.padded_linear(x, w, b), torch.nn.functional.linear(x, w, b),
+    torch.testing.assert_close(ops.kernel_linear(x, w, b), torch.nn.functional.linear(x, w, b),
                                atol=1e-4 * k ** 0.5, rtol=1e-5)
     # leading dims are kept, and one-hot rows pick exact weight columns
     eye = torch.eye(k)[: min(k, 3)].reshape(1, -1, k)
-    assert torch.equal(ops.padded_linear(eye, w), w[:, : min(k, 3)].T.reshape(1, -1, n))
+    assert torch.equal(ops.kernel_linear(eye, w), w[:, : min(k, 3)].T.reshape(1, -1, n))
 
 
 def test_padded_linear_keeps_autograd():
     x = torch.randn(2, 8, requires_grad=True)
     w = torch.randn(5, 8, requires_grad=True)
-    ops.padded_linear(x, w).sum().backward()
+    ops.kernel_linear(x, w).sum().backward()
     torch.testing.assert_close(x.grad, w.sum(0).expand(2, 8))
 
 
@@ -113,16 +113,16 @@ def test_bf16_weights_take_bf16_rounded_activations_and_rows_stay_independent(m,
     weights, summed in float32 (the float64 oracle), and each row equal bit for bit to the
     same row computed alone - what makes a verified token equal a decoded one."""
     from sonarspec_ext.ops.limits import COMPACT_MAX_ROWS
-    from sonarspec_ext.ops.linear import padded_linear
+    from sonarspec_ext.ops.linear import kernel_linear
     g = torch.Generator().manual_seed(m)
     x, w, b = torch.randn(m, k, generator=g), torch.randn(203, k, generator=g).bfloat16(), torch.randn(203, generator=g)
-    got = padded_linear(x, w, b)
+    got = kernel_linear(x, w, b)
     ref = _matmul_input(x, torch.bfloat16) @ w.double().T + b.double()
     torch.testing.assert_close(got, ref.float(), rtol=1e-5, atol=1e-4)
     assert (got.double() - ref).abs().max() < 0.1 * (x.double() @ w.double().T + b.double() - ref).abs().max()
     if m <= COMPACT_MAX_ROWS:
         for i in {0, m // 2, m - 1}:
-            assert torch.equal(padded_linear(x[i:i + 1], w, b)[0], got[i])
+            assert torch.equal(kernel_linear(x[i:i + 1], w, b)[0], got[i])
 
 
 def test_compact_weights_decode_like_transformers_with_bf16_matmul_inputs(tmp_path):
@@ -158,15 +158,15 @@ def test_compact_weights_decode_like_transformers_with_bf16_matmul_inputs(tmp_pa
 @pytest.mark.parametrize("m", [1, 9, 33, 64, 65, 70])
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 def test_padded_linear_awkward_shapes_and_non_contiguous_inputs(m, weight_dtype):
-    from sonarspec_ext.ops.linear import padded_linear
+    from sonarspec_ext.ops.linear import kernel_linear
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, 2 * 45, generator=g)[:, ::2]          # non-contiguous rows of 45
     w = torch.randn(77, 45, generator=g).to(weight_dtype)
     b = torch.randn(77, generator=g)
     ref = _matmul_input(x, weight_dtype) @ w.double().T + b.double()
-    torch.testing.assert_close(padded_linear(x, w, b), ref.float(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(kernel_linear(x, w, b), ref.float(), rtol=1e-5, atol=1e-4)
     x3 = torch.randn(2, m, 45, generator=g)                   # leading batch dims
-    torch.testing.assert_close(padded_linear(x3, w), (_matmul_input(x3, weight_dtype) @ w.double().T).float(),
+    torch.testing.assert_close(kernel_linear(x3, w), (_matmul_input(x3, weight_dtype) @ w.double().T).float(),
                                rtol=1e-5, atol=1e-4)
 
 
@@ -175,9 +175,9 @@ def test_padded_linear_awkward_shapes_and_non_contiguous_inputs(m, weight_dtype)
 def test_padded_mlp_matches_the_torch_mlp(m, weight_dtype):
     """The gated MLP against float64 torch (awkward sizes, non-contiguous input, leading
     dims), and bit for bit against the three-op composition it replaces."""
-    from sonarspec_ext.ops import padded_mlp
+    from sonarspec_ext.ops import kernel_mlp
     from sonarspec_ext.ops.elementwise import silu_and_mul
-    from sonarspec_ext.ops.linear import padded_linear
+    from sonarspec_ext.ops.linear import kernel_linear
     g = torch.Generator().manual_seed(m)
     H, inter = 45, 37
     x = torch.randn(m, 2 * H, generator=g)[:, ::2]
@@ -186,17 +186,17 @@ def test_padded_mlp_matches_the_torch_mlp(m, weight_dtype):
     gu = _matmul_input(x, weight_dtype) @ gate_up.double().T
     act = (torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]).float()
     ref = _matmul_input(act, weight_dtype) @ down.double().T
-    got = padded_mlp(x, gate_up, down)
+    got = kernel_mlp(x, gate_up, down)
     torch.testing.assert_close(got, ref.float(), rtol=1e-5, atol=1e-5)
-    assert torch.equal(got, padded_linear(silu_and_mul(padded_linear(x, gate_up)), down))
+    assert torch.equal(got, kernel_linear(silu_and_mul(kernel_linear(x, gate_up)), down))
     x3 = x.reshape(1, m, H)
-    assert torch.equal(padded_mlp(x3, gate_up, down)[0], got)
+    assert torch.equal(kernel_mlp(x3, gate_up, down)[0], got)
     with pytest.raises(ValueError, match="gate_up_weight has shape"):
-        padded_mlp(x, gate_up[:-1], down)
+        kernel_mlp(x, gate_up[:-1], down)
     with pytest.raises(ValueError, match="features"):
-        padded_mlp(x[:, :-1], gate_up, down)
+        kernel_mlp(x[:, :-1], gate_up, down)
     with pytest.raises(ValueError, match="share a dtype"):
-        padded_mlp(x, gate_up.double(), down)
+        kernel_mlp(x, gate_up.double(), down)
 
 
 
@@ -226,15 +226,15 @@ def test_bf16_rows_agree_whatever_the_row_count(n, k):
     up to 16 rows in narrow tiles, more in groups of 16): a row's result is the same bits
     in a call of 1, 15, 16, 17, 33 or 100 rows, and a non-finite weight row spoils its own
     column only (the zero padding of awkward shapes multiplies nothing else)."""
-    from sonarspec_ext.ops.linear import padded_linear
+    from sonarspec_ext.ops.linear import kernel_linear
     g = torch.Generator().manual_seed(n + k)
     x, w = torch.randn(100, k, generator=g), torch.randn(n, k, generator=g).bfloat16()
     w[7, -1] = float("inf")
     with torch.inference_mode():
-        full = padded_linear(x, w)
+        full = kernel_linear(x, w)
         for rows in (1, 15, 16, 17, 33):
             for start in (0, 100 - rows):
-                assert torch.equal(padded_linear(x[start:start + rows], w), full[start:start + rows])
+                assert torch.equal(kernel_linear(x[start:start + rows], w), full[start:start + rows])
     ref = _matmul_input(x, torch.bfloat16) @ w.double().T
     finite = torch.ones(n, dtype=torch.bool)
     finite[7] = False

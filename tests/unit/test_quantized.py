@@ -15,7 +15,7 @@ import torch
 
 from sonarspec_ext import _C
 from sonarspec_ext.ops.elementwise import silu_and_mul
-from sonarspec_ext.ops.linear import padded_linear, padded_mlp
+from sonarspec_ext.ops.linear import kernel_linear, kernel_mlp
 from sonarspec_ext.ops.quantized import QUANTIZED_FORMATS, QuantizedMatrix
 
 FORMATS = list(QUANTIZED_FORMATS)
@@ -65,7 +65,7 @@ def test_gemm_matches_float64_reference(fmt, m, n, k):
                QuantizedMatrix.from_blocks(random_blocks(fmt, n, k, rng), fmt, k)):
         x = torch.randn(m, k, generator=g) * 2
         bias = torch.randn(n, generator=g)
-        y = padded_linear(x, qm, bias)
+        y = kernel_linear(x, qm, bias)
         w = qm.dequantize().double().numpy()
         xr = int8_rows(x.numpy())
         ref = xr @ w.T + bias.double().numpy()
@@ -80,13 +80,13 @@ def test_rows_do_not_depend_on_row_or_thread_count(fmt):
     g = torch.Generator().manual_seed(7)
     qm = QuantizedMatrix.quantize(torch.randn(200, 256, generator=g), fmt)
     x = torch.randn(70, 256, generator=g)
-    alone = torch.cat([padded_linear(x[i:i + 1], qm) for i in range(70)])
+    alone = torch.cat([kernel_linear(x[i:i + 1], qm) for i in range(70)])
     prev = torch.get_num_threads()
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
             for m in (2, 5, 8, 13, 70):
-                assert torch.equal(padded_linear(x[:m], qm), alone[:m]), (threads, m)
+                assert torch.equal(kernel_linear(x[:m], qm), alone[:m]), (threads, m)
     finally:
         torch.set_num_threads(prev)
 
@@ -97,17 +97,17 @@ def test_mlp_equals_its_gemms():
         gu = QuantizedMatrix.quantize(torch.randn(2 * 96, 64, generator=g), fmt)
         down = QuantizedMatrix.quantize(torch.randn(64, 96, generator=g), fmt)
         x = torch.randn(5, 64, generator=g)
-        ref = padded_linear(silu_and_mul(padded_linear(x, gu)), down)
-        assert torch.equal(padded_mlp(x, gu, down), ref)
+        ref = kernel_linear(silu_and_mul(kernel_linear(x, gu)), down)
+        assert torch.equal(kernel_mlp(x, gu, down), ref)
 
 
 def test_non_finite_rows_stay_in_their_row():
     qm = QuantizedMatrix.quantize(torch.randn(32, 64), "q8_0")
     x = torch.randn(3, 64)
-    clean = padded_linear(x, qm)
+    clean = kernel_linear(x, qm)
     x[1, 5] = float("nan")
     x[2, 40] = float("inf")
-    y = padded_linear(x, qm)
+    y = kernel_linear(x, qm)
     assert torch.equal(y[0], clean[0])
     assert not torch.isfinite(y[1]).any() and not torch.isfinite(y[2]).any()
 
@@ -115,13 +115,13 @@ def test_non_finite_rows_stay_in_their_row():
 _SCRIPT = """
 import json, sys, torch
 from sonarspec_ext import _C
-from sonarspec_ext.ops.linear import padded_linear
+from sonarspec_ext.ops.linear import kernel_linear
 from sonarspec_ext.ops.quantized import QuantizedMatrix
 g = torch.Generator().manual_seed(11)
 out = {"vnni": _C.vnni_available()}
 for fmt in ("q8_0", "q4_0", "q4_1"):
     qm = QuantizedMatrix.quantize(torch.randn(40, 96, generator=g), fmt)
-    out[fmt] = padded_linear(torch.randn(9, 96, generator=g), qm).view(torch.int32).flatten().tolist()
+    out[fmt] = kernel_linear(torch.randn(9, 96, generator=g), qm).view(torch.int32).flatten().tolist()
 print(json.dumps(out))
 """
 
@@ -153,7 +153,7 @@ def test_bad_shapes_and_formats_raise():
         QuantizedMatrix.from_blocks(np.zeros((4, 30), dtype=np.uint8), "q4_1", 64)
     qm = QuantizedMatrix.quantize(torch.randn(16, 64), "q4_1")
     with pytest.raises(ValueError, match="features"):
-        padded_linear(torch.randn(2, 32), qm)
+        kernel_linear(torch.randn(2, 32), qm)
     with pytest.raises(ValueError, match="row indices"):
         qm.select_rows(torch.tensor([16]))
     with pytest.raises(ValueError, match="invalid weight format"):

@@ -9,7 +9,7 @@ def test_worker_polling_time_does_not_change_results():
     """Workers that sleep between calls (polling time 0: every call wakes them) and workers
     that poll give the same multi-threaded GEMM, bit for bit, and the setting reads back."""
     from sonarspec_ext import _C
-    from sonarspec_ext.ops.linear import native_gemm_threads, padded_linear
+    from sonarspec_ext.ops.linear import native_gemm_threads, kernel_linear
     torch.manual_seed(0)
     x, w = torch.randn(4, 512), torch.randn(2048, 512)   # big enough to use two threads
     before = _C.worker_spin_us()
@@ -19,7 +19,7 @@ def test_worker_polling_time_does_not_change_results():
             _C.set_worker_spin_us(spin)
             assert _C.worker_spin_us() == max(spin, 0)
             with torch.inference_mode(), native_gemm_threads():
-                outs.append([padded_linear(x, w) for _ in range(20)])
+                outs.append([kernel_linear(x, w) for _ in range(20)])
     finally:
         _C.set_worker_spin_us(before)
     ref = (x.double() @ w.double().T).float()

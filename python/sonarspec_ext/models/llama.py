@@ -15,7 +15,7 @@ from torch import nn
 from ..layers.attention import AttentionBackend
 from ..layers.linear import Linear
 from ..ops.elementwise import apply_rope
-from ..ops.linear import padded_linear, padded_mlp
+from ..ops.linear import kernel_linear, kernel_mlp
 from ..ops.quantized import QuantizedMatrix
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
@@ -41,7 +41,7 @@ class LlamaAttention(nn.Module):
     def forward(self, x, cos, sin, attn: AttentionBackend):
         n = x.shape[0]
         if self.qkv is not None:
-            q, k, v = padded_linear(x, *self.qkv).split(
+            q, k, v = kernel_linear(x, *self.qkv).split(
                 [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
                  self.num_kv_heads * self.head_dim], dim=-1)
         else:
@@ -65,7 +65,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x):
         if self.gate_up is not None and self.gate_up[1] is None and self.down_proj.bias is None:
-            return padded_mlp(x, self.gate_up[0], self.down_proj.weight)
+            return kernel_mlp(x, self.gate_up[0], self.down_proj.weight)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..layers.attention import AttentionBackend
 from ..layers.linear import Linear
-from ..ops.linear import padded_linear
+from ..ops.linear import kernel_linear
 from ..ops.quantized import float_weight, rows_of
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
@@ -122,7 +122,7 @@ class MTPHead(nn.Module):
         draft vocabulary when one is set)."""
         if self.draft_vocab is None or torch.is_grad_enabled():
             return self._shared[1](features).float()
-        return vocab_logits(padded_linear(features, self._draft_lm_head).float(), self.draft_vocab, self.vocab_size)
+        return vocab_logits(kernel_linear(features, self._draft_lm_head).float(), self.draft_vocab, self.vocab_size)
 
     def training_logits(self, features: torch.Tensor, vocab_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(n, hidden) -> float32 logits over ``vocab_ids`` (all tokens when None) for

@@ -1,4 +1,6 @@
-"""``padded_linear``: ``F.linear`` whose cost stays flat for small token counts."""
+"""``kernel_linear`` and ``kernel_mlp``: ``F.linear`` and the gated MLP through the engine's own kernels
+(native small-M GEMMs on the CPU, CUTLASS 64-row tiles on CUDA) where they apply, so their cost stays
+flat for small token counts."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -61,7 +63,7 @@ def uses_native_gemm(num_rows: int, device: torch.device, dtype: torch.dtype, co
     return 0 < num_rows <= limit and device.type == "cpu" and dtype == torch.float32
 
 
-def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Same contract as ``torch.nn.functional.linear``: x (..., in_features), weight
     (out_features, in_features), bias (out_features,) -> (..., out_features).
 
@@ -106,7 +108,7 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 
 def _quantized_linear(x: torch.Tensor, weight: QuantizedMatrix, bias: Optional[torch.Tensor],
                       rows: int) -> torch.Tensor:
-    """``padded_linear`` for block-quantized weights: the native GEMM for float32 CPU
+    """``kernel_linear`` for block-quantized weights: the native GEMM for float32 CPU
     activations without autograd, any number of rows (each row's result is the one it
     gets alone); with autograd, F.linear on the dequantized matrix (frozen weights)."""
     n, k = weight.shape
@@ -149,13 +151,13 @@ def _cutlass_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     return None if status != 0 else out.view(*x.shape[:-1], n)
 
 
-def padded_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
+def kernel_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
     """Gated SiLU MLP, ``down(silu(x @ gate^T) * (x @ up^T))``: ``gate_up_weight``
     (2 * intermediate, hidden) stacks the gate rows over the up rows, ``down_weight``
     (hidden, intermediate), x (..., hidden) -> (..., hidden).
 
-    float32 CPU inputs with few rows (as ``padded_linear``) run as one native call; the
-    result equals ``padded_linear``, ``silu_and_mul``, ``padded_linear`` in turn bit for
+    float32 CPU inputs with few rows (as ``kernel_linear``) run as one native call; the
+    result equals ``kernel_linear``, ``silu_and_mul``, ``kernel_linear`` in turn bit for
     bit, which is what every other case runs."""
     quantized = isinstance(down_weight, QuantizedMatrix)
     for name, w in (("gate_up_weight", gate_up_weight), ("down_weight", down_weight)):
@@ -175,7 +177,7 @@ def padded_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch
         if (0 < rows <= NATIVE_MAX_ROWS and x.device.type == "cpu" and x.dtype == torch.float32
                 and not (torch.is_grad_enabled() and x.requires_grad)):
             return _native_mlp(x, gate_up_weight, down_weight, rows, H, inter)
-        return padded_linear(silu_and_mul(padded_linear(x, gate_up_weight)), down_weight)
+        return kernel_linear(silu_and_mul(kernel_linear(x, gate_up_weight)), down_weight)
     if gate_up_weight.dtype != down_weight.dtype:
         raise ValueError(f"gate_up_weight ({gate_up_weight.dtype}) and down_weight ({down_weight.dtype}) "
                          f"must share a dtype")
@@ -187,7 +189,7 @@ def padded_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch
             and not (torch.is_grad_enabled() and (x.requires_grad or gate_up_weight.requires_grad
                                                   or down_weight.requires_grad))):
         return _native_mlp(x, gate_up_weight, down_weight, rows, H, inter)
-    return padded_linear(silu_and_mul(padded_linear(x, gate_up_weight)), down_weight)
+    return kernel_linear(silu_and_mul(kernel_linear(x, gate_up_weight)), down_weight)
 
 
 def _native_mlp(x, gate_up_weight, down_weight, rows: int, H: int, inter: int) -> torch.Tensor:

@@ -2,7 +2,7 @@
 and repacked into the layout the native GEMM reads (``csrc/include/sonarspec/quant_gemm.h``).
 
 A ``QuantizedMatrix`` stands where a linear layer's (out_features, in_features) weight
-tensor would: ``ops.linear.padded_linear`` and ``padded_mlp``, the decoder stack and the
+tensor would: ``ops.linear.kernel_linear`` and ``kernel_mlp``, the decoder stack and the
 drafting kernels take it in place of a float32 or bfloat16 matrix. Repacking is a byte
 permutation (``to_blocks`` gives the GGUF blocks back exactly), so ``dequantize`` is
 ``gguf``'s own dequantizer applied to the file's bytes.
