@@ -89,9 +89,9 @@ class DecoderStack {
   }
 
   // io: embed, embed_bf16, lm_head, lm_head_format, lm_rows, block_table, max_pages, page_size, window, embed_rows,
-  // row_tokens (0: none; else lm_rows int64 token ids, each below embed_rows).
-  using IOArgs =
-      std::tuple<uintptr_t, bool, uintptr_t, int, int64_t, uintptr_t, int64_t, int64_t, int64_t, int64_t, uintptr_t>;
+  // row_tokens (0: none; else int64 token ids, one per lm_head row), their count.
+  using IOArgs = std::tuple<uintptr_t, bool, uintptr_t, int, int64_t, uintptr_t, int64_t, int64_t, int64_t, int64_t,
+                            uintptr_t, int64_t>;
 
   // sampling: (temperature, top_k, top_p, uniforms, probs) pointers, or all 0 for top tokens.
   void chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t positions,
@@ -153,6 +153,9 @@ class DecoderStack {
     io.row_tokens = reinterpret_cast<const int64_t*>(std::get<10>(a));
     if (io.lm_rows <= 0 || io.embed_rows < io.lm_rows || batch <= 0 || io.page_size <= 0 || io.max_pages <= 0) {
       throw std::invalid_argument("DecoderStack: invalid drafting sizes");
+    }
+    if (io.row_tokens != nullptr && std::get<11>(a) != io.lm_rows) {   // a picked row indexes it
+      throw std::invalid_argument("DecoderStack: row_tokens needs one token per lm_head row");
     }
     return io;
   }

@@ -145,6 +145,19 @@ def test_greedy_chain_rejects_bad_input():
         rows_forward(stack, embed, lm_head, one, torch.tensor([3]), torch.tensor([0]), table, 16)
     with pytest.raises(ValueError, match="token 9000 out of range"):
         rows_forward(stack, embed, lm_head, torch.tensor([9000]), torch.tensor([3]), torch.tensor([1]), table, 16)
+    with pytest.raises(ValueError, match="one per lm_head row"):
+        chain(stack, embed, lm_head, 100, one, torch.tensor([3]), table, 16, 0, 2, row_ids=torch.arange(5))
+    with pytest.raises(ValueError, match=r"row_ids must lie in \[0, "):
+        chain(stack, embed, lm_head, 100, one, torch.tensor([3]), table, 16, 0, 2,
+              row_ids=torch.full((lm_head.shape[0],), embed.shape[0]))
+    # the native call checks the count it is given against the lm_head's rows itself
+    from sonarspec_ext.ops.stack_drafting import _io
+    ids = torch.arange(lm_head.shape[0])
+    args, _ = _io(stack, embed, lm_head, table, 16, 0, 1, None, 1, ids)
+    out, positions = torch.empty(1, 2, dtype=torch.int64), torch.tensor([3])
+    with pytest.raises(ValueError, match="row_tokens needs one token per lm_head row"):
+        stack._native.chain(args[:-1] + (5,), 100, one.data_ptr(), 0, positions.data_ptr(), 1, 2,
+                            (0, 0, 0, 0, 0), out.data_ptr(), 1)
 
 
 @pytest.mark.parametrize("method", ["mtp", "draft_target"])

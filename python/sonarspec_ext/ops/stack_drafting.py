@@ -57,8 +57,7 @@ def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window
     checked = stack._checked_io
     if checked is None or checked[0] is not embed or checked[1] is not lm_head or checked[2] is not row_ids:
         _check_weights(stack, embed, lm_head, row_ids)
-        stack._checked_io = (embed, lm_head, row_ids if row_ids is None else row_ids.contiguous())
-    row_ids = stack._checked_io[2]
+        stack._checked_io = (embed, lm_head, row_ids)
     if not fits(stack, lm_head, rows, num_tokens):
         raise ValueError(f"DecoderStack drafting runs 1..{stack.max_rows} tokens at once and a float32 lm_head at "
                          f"most {SMALL_M_MAX_ROWS} rows, got {num_tokens} tokens in {rows} rows")
@@ -74,7 +73,7 @@ def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window
             raise ValueError(f"features have shape {list(features.shape)}, expected [{num_tokens}, {stack.hidden}]")
     args = (embed.data_ptr(), embed.dtype == torch.bfloat16, lm_head.data_ptr(), weight_format_code(lm_head),
             lm_head.shape[0], block_table.data_ptr(), block_table.shape[1], page_size, window or 0, embed.shape[0],
-            0 if row_ids is None else row_ids.data_ptr())
+            0 if row_ids is None else row_ids.data_ptr(), 0 if row_ids is None else row_ids.shape[0])
     return args, features
 
 
