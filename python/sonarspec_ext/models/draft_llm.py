@@ -17,10 +17,9 @@ import torch
 
 from safetensors.torch import save_file
 
-from ..ops.quantized import rows_of
 from .config import CheckpointError
 from .gguf import gguf_file
-from .llama import LlamaForCausalLM
+from .llama import LlamaForCausalLM, is_ascending
 from .loader import SHARED_KEYS, load_config, load_model, load_state, parse_dtype, weight_files
 
 DRAFT_VOCAB = "draft_vocab"
@@ -47,7 +46,7 @@ def save_draft_model(model: LlamaForCausalLM, path: str, draft_vocab=None, dtype
     ids, or None: the whole vocabulary). Tokenizer files are the caller's."""
     if draft_vocab is not None:
         draft_vocab = torch.as_tensor(draft_vocab, dtype=torch.int64).contiguous()
-        if draft_vocab.numel() > 1 and not bool((draft_vocab[1:] > draft_vocab[:-1]).all()):
+        if not is_ascending(draft_vocab):
             raise ValueError("draft_vocab must hold ascending token ids")
     os.makedirs(path, exist_ok=True)
     torch_dtype = parse_dtype(dtype)
@@ -69,24 +68,21 @@ def load_draft_model(path: str, target: LlamaForCausalLM, dtype="float32", devic
                      quantization: str = "none") -> LlamaForCausalLM:
     """The draft model at ``path`` for ``target`` (``models.loader.load_model`` otherwise)."""
     shared = shares_embedding(path)
-    if shared and load_config(path).hidden_size != target.config.hidden_size:
+    hidden = load_config(path).hidden_size
+    if shared and hidden != target.config.hidden_size:
         raise CheckpointError(f"{path}: a draft sharing its target's embedding needs the target's hidden size "
-                              f"{target.config.hidden_size}, got {load_config(path).hidden_size}")
+                              f"{target.config.hidden_size}, got {hidden}")
     embedding = target.model.embed_tokens.weight if shared else None
     model = load_model(path, dtype, device, quantization=quantization, embedding=embedding)
-    ids = None
+    lm_head = target.lm_head if shared else model.lm_head
     if not gguf_file(path) and DRAFT_VOCAB in weight_files(path):
         with open(os.path.join(path, "config.json")) as fh:
             n = int(json.load(fh).get("draft_vocab_size", -1))
         ids = load_state(path, {DRAFT_VOCAB: torch.Size([n])}, torch.int64)[DRAFT_VOCAB]
-        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
-            raise CheckpointError(f"{path}: {DRAFT_VOCAB} must hold ascending token ids")
-        V = model.config.vocab_size
-        if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= V):
-            raise CheckpointError(f"{path}: draft vocabulary ids must lie in [0, {V})")
-    lm_head = target.lm_head if shared else model.lm_head
-    if ids is not None:
-        model.use_draft_vocab(ids.to(model.model.norm.weight.device), rows_of(lm_head.weight, ids))
+        try:
+            model.use_draft_vocab(ids.to(model.model.norm.weight.device), lm_head.weight)
+        except ValueError as e:
+            raise CheckpointError(f"{path}: {e}") from None
     elif shared:
         model.lm_head = lm_head
     return model

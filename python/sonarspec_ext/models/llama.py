@@ -16,7 +16,7 @@ from ..layers.attention import AttentionBackend
 from ..layers.linear import Linear
 from ..ops.elementwise import apply_rope
 from ..ops.linear import kernel_linear, kernel_mlp
-from ..ops.quantized import QuantizedMatrix
+from ..ops.quantized import QuantizedMatrix, rows_of
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
@@ -109,6 +109,11 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def is_ascending(ids: torch.Tensor) -> bool:
+    """Whether the 1-D ``ids`` strictly increase (a draft vocabulary: its ties break as argmax's)."""
+    return ids.numel() < 2 or bool((ids[1:] > ids[:-1]).all())
+
+
 def vocab_logits(row_logits: torch.Tensor, row_ids: Optional[torch.Tensor], vocab_size: int) -> torch.Tensor:
     """Logits over the lm_head rows ``row_ids`` (a draft vocabulary) as logits over the whole
     vocabulary, -inf elsewhere; ``row_ids`` None: already whole."""
@@ -158,19 +163,20 @@ class LlamaForCausalLM(nn.Module):
         native decoder stack runs (``runtime.native_stack``)."""
         return self.model.layers, self.rotary, self.model.norm, None
 
-    def use_draft_vocab(self, token_ids: torch.Tensor, lm_head_rows) -> None:
-        """A draft model proposing only ``token_ids``: its lm_head becomes ``lm_head_rows``
-        (those rows of a full lm_head, a tensor or quantized) and its logits are -inf
-        elsewhere. Inference only."""
-        if token_ids.dim() != 1 or token_ids.shape[0] != lm_head_rows.shape[0]:
-            raise ValueError(f"a draft vocabulary of {token_ids.shape[0]} tokens needs as many lm_head rows, "
-                             f"got {lm_head_rows.shape[0]}")
-        if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= self.config.vocab_size):
-            raise ValueError(f"draft vocabulary ids must lie in [0, {self.config.vocab_size})")
+    def use_draft_vocab(self, token_ids: torch.Tensor, lm_head) -> None:
+        """A draft model proposing only ``token_ids`` (ascending): its lm_head becomes those
+        rows of ``lm_head`` (a full lm_head's weight, a tensor or quantized) and its logits
+        are -inf elsewhere. Inference only."""
+        V = self.config.vocab_size
+        if token_ids.dim() != 1 or not is_ascending(token_ids):
+            raise ValueError("a draft vocabulary is a 1-D tensor of ascending token ids")
+        if token_ids.numel() and (int(token_ids[0]) < 0 or int(token_ids[-1]) >= V):
+            raise ValueError(f"draft vocabulary ids must lie in [0, {V})")
+        rows = rows_of(lm_head, token_ids)
         with torch.device("meta"):   # no storage: its weight is replaced by the rows
             self.lm_head = Linear(self.config.hidden_size, token_ids.shape[0], bias=False)
         del self.lm_head._parameters["weight"]
-        self.lm_head.weight = lm_head_rows
+        self.lm_head.weight = rows
         self.draft_vocab = token_ids.to(torch.long).contiguous()
 
     @property
