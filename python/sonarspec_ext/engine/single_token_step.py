@@ -40,15 +40,12 @@ class forbid_host_syncs(TorchFunctionMode):
 
 def host_sync_guard(device):
     """The guard ``EngineConfig.check_host_syncs`` puts around the region on ``device``."""
-    return cuda_sync_guard(device) if torch.device(device).type == "cuda" else forbid_host_syncs()
+    return cuda_sync_guard() if torch.device(device).type == "cuda" else forbid_host_syncs()
 
 
 @contextmanager
-def cuda_sync_guard(device):
-    """``torch.cuda.set_sync_debug_mode('error')`` for the region on CUDA devices."""
-    if torch.device(device).type != "cuda":
-        yield
-        return
+def cuda_sync_guard():
+    """``torch.cuda.set_sync_debug_mode('error')`` for the region (CUDA devices)."""
     old = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
     try:

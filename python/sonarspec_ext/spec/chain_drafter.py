@@ -52,7 +52,7 @@ class ChainDrafter(Proposer):
         self.state.pop(seq.seq_id, None)
         self.waiting.pop(seq.seq_id, None)
 
-    def vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
+    def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """The drafter's logits cut or padded (with -inf) to the target's vocabulary."""
         V = self.vocab_size
         if logits.shape[-1] >= V:
@@ -66,9 +66,9 @@ class ChainDrafter(Proposer):
         tables = [(row.start, row.tokens, self.page_table(row.seq)) for row in rows]
         features = self._features(rows)
         if features is None:
-            return self.vocab_logits(self.runner.forward_rows(tables, self.window)), None
+            return self.to_target_vocab(self.runner.forward_rows(tables, self.window)), None
         logits, outs = self.runner.forward_rows(tables, self.window, features=features)
-        return self.vocab_logits(logits), outs
+        return self.to_target_vocab(logits), outs
 
     def refill(self, rows: List[RefillRow]) -> None:
         """Runs the drafter over the rows now and carries its results."""
@@ -95,7 +95,7 @@ class ChainDrafter(Proposer):
         if out is None:
             return None
         logits, outs, tokens = out
-        logits = self.vocab_logits(logits)
+        logits = self.to_target_vocab(logits)
         for i, row in enumerate(rows):
             del self.waiting[row.seq.seq_id]
             self._carry(row, logits[i], outs[i])
