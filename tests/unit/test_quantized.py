@@ -113,33 +113,53 @@ def test_non_finite_rows_stay_in_their_row():
 
 
 _SCRIPT = """
-import json, sys, torch
+import json, sys, numpy as np, torch
 from sonarspec_ext import _C
 from sonarspec_ext.ops.linear import kernel_linear
 from sonarspec_ext.ops.quantized import QuantizedMatrix
 g = torch.Generator().manual_seed(11)
-out = {"vnni": _C.vnni_available()}
+out = {"kernel": _C.quant_kernel()}
 for fmt in ("q8_0", "q4_0", "q4_1"):
-    qm = QuantizedMatrix.quantize(torch.randn(40, 96, generator=g), fmt)
-    out[fmt] = kernel_linear(torch.randn(9, 96, generator=g), qm).view(torch.int32).flatten().tolist()
+    for m, n, k in ((1, 37, 96), (5, 40, 64), (9, 23, 160), (4, 16, 32)):
+        qm = QuantizedMatrix.quantize(torch.randn(n, k, generator=g), fmt)
+        out[f"{fmt} {m}x{n}x{k}"] = kernel_linear(torch.randn(m, k, generator=g) * 3, qm).view(torch.int32).flatten().tolist()
+# Q8_0 quants at both extremes (-128 and 127) against activations that round to +-127
+blocks = QuantizedMatrix.quantize(torch.randn(24, 64, generator=g), "q8_0").to_blocks().reshape(24, 2, 34).copy()
+quants = blocks[..., 2:].view(np.int8)
+quants[::2, :, ::3] = -128
+quants[1::2, :, 1::3] = 127
+x = torch.where(torch.rand(6, 64, generator=g) < 0.5, -1.0, 1.0)
+out["q8_0 extremes"] = kernel_linear(x, QuantizedMatrix.from_blocks(blocks.reshape(24, 68), "q8_0", 64)).view(torch.int32).flatten().tolist()
 print(json.dumps(out))
 """
 
 
-def _run(env_extra):
-    env = dict(os.environ, **env_extra)
+def _run(kernel=None):
+    env = dict(os.environ)
+    env.pop("SONARSPEC_QUANT_KERNEL", None)
+    if kernel:
+        env["SONARSPEC_QUANT_KERNEL"] = kernel
     res = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
 
-def test_portable_path_equals_vnni_bit_for_bit():
-    fast, portable = _run({}), _run({"SONARSPEC_NO_VNNI": "1"})
-    assert portable["vnni"] is False
-    if not fast["vnni"]:
-        pytest.skip("this CPU has no AVX-512 VNNI: both runs took the portable path")
-    for fmt in FORMATS:
-        assert fast[fmt] == portable[fmt], fmt
+def test_every_kernel_gives_the_portable_bits():
+    """The VNNI and AVX2 kernels equal the portable loops bit for bit (the portable loops
+    are tied to a float64 reference above) on awkward shapes and extreme quants."""
+    portable = _run("portable")
+    assert portable["kernel"] == "portable"
+    ran = 0
+    for kernel in ("avx2", None):
+        fast = _run(kernel)
+        if fast["kernel"] == "portable":
+            continue
+        ran += 1
+        for case, bits in portable.items():
+            if case != "kernel":
+                assert fast[case] == bits, (fast["kernel"], case)
+    if not ran:
+        pytest.skip("this CPU runs only the portable kernel")
 
 
 def test_bad_shapes_and_formats_raise():

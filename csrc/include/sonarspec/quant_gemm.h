@@ -17,7 +17,7 @@
 // dot product of the quants is exact, and the output accumulates, block by block in
 // order, fma(float(isum), d * dx, acc) (Q4_1 then fma(m, dx * sum(qx), acc)). Every output
 // depends on its own row of x and row of w only - never on m, the column range or the
-// thread count - and the scalar path computes exactly what the AVX-512 VNNI one does.
+// thread count - and every kernel (quant_kernel()) computes exactly the same.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +33,10 @@ int64_t quant_packed_bytes(WeightFormat format, int64_t n, int64_t k);
 void quant_gemm(const float* x, const uint8_t* w, WeightFormat format, const float* bias, float* y, int64_t m,
                 int64_t n, int64_t k, int num_threads);
 
-// Whether quant_gemm runs AVX-512 VNNI here (AVX512F/BW/VL + VNNI), unless the environment
-// variable SONARSPEC_NO_VNNI is set to a non-zero value; else the portable loops.
-bool vnni_available();
+// The column kernel quant_gemm runs here, chosen once: "vnni" (AVX-512 F/BW/VL + VNNI),
+// else "avx2" (AVX2, FMA, F16C), else "portable". The environment variable
+// SONARSPEC_QUANT_KERNEL=avx2|portable caps the choice (for tests and comparisons); all
+// three compute the same bits.
+const char* quant_kernel();
 
 }  // namespace sonarspec

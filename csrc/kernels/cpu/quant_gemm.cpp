@@ -1,11 +1,12 @@
 // GEMMs over GGUF block-quantized weights; see sonarspec/quant_gemm.h. The activations are
-// quantized here once per call; the column kernels are quant_gemm_vnni.cpp (AVX-512 VNNI)
-// and the portable loops below, which compute the same values bit for bit.
+// quantized here once per call; the column kernels are quant_gemm_vnni.cpp (AVX-512 VNNI),
+// quant_gemm_avx2.cpp and the portable loops below, which compute the same values bit for bit.
 #include "sonarspec/quant_gemm.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -13,10 +14,32 @@
 #include "kv_convert.h"   // half_to_float
 #include "quant_kernels.h"
 #include "split_columns.h"
-#include "vec.h"   // env_flag
 
 namespace sonarspec {
 namespace {
+
+// The column kernels, in order of preference; see quant_kernel() in quant_gemm.h.
+enum class Kernel { kPortable, kAvx2, kVnni };
+
+Kernel kernel_here() {
+  static const Kernel k = [] {
+    Kernel best = Kernel::kPortable;
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+      best = Kernel::kAvx2;
+      if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
+        best = Kernel::kVnni;
+      }
+    }
+#endif
+    const char* cap = std::getenv("SONARSPEC_QUANT_KERNEL");
+    if (cap != nullptr && std::strcmp(cap, "portable") == 0) return Kernel::kPortable;
+    if (cap != nullptr && std::strcmp(cap, "avx2") == 0) return std::min(best, Kernel::kAvx2);
+    return best;
+  }();
+  return k;
+}
 
 bool is_quantized(WeightFormat f) {
   return f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1;
@@ -35,8 +58,8 @@ QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, RowBuffers& bu
   buf.d.resize(static_cast<size_t>(m * kb));
   buf.ds.resize(static_cast<size_t>(m * kb));
   buf.s.resize(static_cast<size_t>(m * kb));
-  (vnni_available() ? quantize_blocks_vnni : quantize_blocks_scalar)(x, m * kb, buf.q.data(), buf.d.data(),
-                                                                     buf.s.data(), buf.ds.data());
+  const auto quantize = kernel_here() == Kernel::kVnni ? quantize_blocks_vnni : quantize_blocks_scalar;
+  quantize(x, m * kb, buf.q.data(), buf.d.data(), buf.s.data(), buf.ds.data());
   QuantizedRows r;
   r.q = buf.q.data();
   r.d = buf.d.data();
@@ -115,15 +138,12 @@ int64_t quant_packed_bytes(WeightFormat format, int64_t n, int64_t k) {
   return (n + 15) / 16 * (k / 32) * quant_block_bytes(format);
 }
 
-bool vnni_available() {
-#if defined(__x86_64__)
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-                          __builtin_cpu_supports("f16c") && !env_flag("SONARSPEC_NO_VNNI");
-  return yes;
-#else
-  return false;
-#endif
+const char* quant_kernel() {
+  switch (kernel_here()) {
+    case Kernel::kVnni: return "vnni";
+    case Kernel::kAvx2: return "avx2";
+    default: return "portable";
+  }
 }
 
 void quant_gemm(const float* x, const uint8_t* w, WeightFormat format, const float* bias, float* y, int64_t m,
@@ -136,12 +156,12 @@ void quant_gemm(const float* x, const uint8_t* w, WeightFormat format, const flo
   if (m <= 0 || n <= 0) return;
   thread_local RowBuffers buf;
   const QuantizedRows rows = quantize_rows(x, m, k, buf);   // the workers read this thread's buffers
-  const bool vnni = vnni_available();
+  const Kernel kernel = kernel_here();
   split_columns(m, n, k, 1, num_threads, [&](int64_t b, int64_t e) {
-    if (vnni) {
-      quant_cols_vnni(rows, m, w, format, n, y, b, e);
-    } else {
-      quant_cols_scalar(rows, m, w, format, n, y, b, e);
+    switch (kernel) {
+      case Kernel::kVnni: quant_cols_vnni(rows, m, w, format, n, y, b, e); break;
+      case Kernel::kAvx2: quant_cols_avx2(rows, m, w, format, n, y, b, e); break;
+      default: quant_cols_scalar(rows, m, w, format, n, y, b, e); break;
     }
     if (bias)
       for (int64_t i = 0; i < m; ++i)

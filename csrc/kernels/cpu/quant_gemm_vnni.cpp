@@ -18,12 +18,6 @@ namespace {
 
 #define QG_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 
-// Blocks ahead of the one in use whose cache lines are prefetched: the hardware
-// prefetchers alone let the dot products and the weight stream take turns (a SmolLM2
-// Q4_1 decode forward took 1.5x as long without it). Groups follow each other in memory, so this
-// runs on into the next group; a prefetch past the end of the matrix is harmless.
-constexpr int64_t kPrefetchBlocks = 8;
-
 QG_ATTR inline __m512i bcast4(const int8_t* p) {
   int32_t v;
   __builtin_memcpy(&v, p, sizeof v);
@@ -43,9 +37,7 @@ QG_ATTR void group_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group
   for (int64_t b = 0; b < kb; ++b) {
     const uint8_t* blk = group + b * bb;
     const uint8_t* qs = blk + qoff;
-    for (int64_t l = 0; l < bb; l += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBlocks * bb + l), _MM_HINT_T0);
-    }
+    prefetch_ahead(blk, bb);
     __m512i isum[R];
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) {

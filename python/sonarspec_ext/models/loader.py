@@ -132,16 +132,16 @@ def resolve_quantization(quantization: str, path: str, device="cpu", dtype=torch
     name (every projection and the lm_head in it) or "file" (a GGUF file's own formats).
 
     "auto": a GGUF file whose layer matrices are all in natively run formats (Q8_0, Q4_0,
-    Q4_1) keeps them ("file") where the CPU has AVX-512 VNNI; anything else loads float
-    weights. Block formats run on the CPU with float32 activations: elsewhere "auto" means
+    Q4_1) keeps them ("file") where a SIMD kernel runs them (AVX-512 VNNI or AVX2); anything
+    else loads float weights. Block formats run on the CPU with float32 activations: elsewhere "auto" means
     "none" and a format is an error."""
     if quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"quantization {quantization!r} is not supported; choose one of "
                          f"{', '.join(QUANTIZATION_CHOICES)}")
     runs = torch.device(device).type == "cpu" and parse_dtype(dtype) == torch.float32
     if quantization == "auto":
-        # without AVX-512 VNNI the block GEMM runs portable loops, far slower than bfloat16's kernels
-        f = gguf_file(path) if runs and _C.vnni_available() else None
+        # without AVX2 the block GEMM runs portable loops, far slower than bfloat16's kernels
+        f = gguf_file(path) if runs and _C.quant_kernel() != "portable" else None
         if f is None:
             return "none"
         ckpt = open_gguf(f)

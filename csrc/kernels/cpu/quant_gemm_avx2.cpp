@@ -1,0 +1,136 @@
+// quant_gemm's column kernel with AVX2, for CPUs without AVX-512 VNNI: each 64-byte chunk
+// of the packed layout (4 columns x 16 weight rows) is two 32-byte halves of 8 rows, and
+// VPMADDUBSW multiplies a half (unsigned bytes) by an activation row's 4 quants broadcast
+// (signed), giving 16-bit sums of column pairs that VPMADDWD by ones folds to one int32
+// per weight row. No 16-bit sum can saturate: a Q4 block's eight pair sums add up to at
+// most 8 x 2 x 15 x 127 = 30480, so they are summed in 16 bits and folded once per block;
+// Q8_0's bytes are made signed again (q + 128 -> q) and multiplied as |q| x (x signed
+// like q), at most 2 x 128 x 127 = 32512 per pair, folded per chunk. The integer dot
+// products are therefore exact, and the float step per block is quant_cols_scalar's, lane
+// by lane: the same bits as the portable loops and the VNNI kernel.
+#include <algorithm>
+
+#include "quant_kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace sonarspec {
+
+#if defined(__x86_64__)
+namespace {
+
+#define QV_ATTR __attribute__((target("avx2,fma,f16c")))
+
+constexpr int kRowsPerPass = 4;   // activation rows per pass: 2 x 4 accumulators + temporaries in 16 registers
+
+QV_ATTR inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+
+// Rows [r0, r0 + R) of x against weight rows 8h..8h+7 of one group (h = 0, 1); lanes < lanes
+// of the 8 are stored.
+template <int R, WeightFormat F>
+QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, int h, float* y, int64_t ldy,
+                       int lanes) {
+  constexpr int64_t bb = quant_block_bytes(F), qoff = F == WeightFormat::kQ4_1 ? 64 : 32;
+  const int64_t kb = x.kb;
+  const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(-128);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < kb; ++b) {
+    const uint8_t* blk = group + b * bb;
+    const uint8_t* qs = blk + qoff + 32 * h;
+    if (h == 0) prefetch_ahead(blk, bb);
+    const int8_t* xq[R];
+    for (int r = 0; r < R; ++r) xq[r] = x.q + (r0 + r) * x.k + b * 32;
+    __m256i isum[R];
+    if (F == WeightFormat::kQ8_0) {
+      for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+      for (int c = 0; c < 8; ++c) {
+        const __m256i wq = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * c)), flip);
+        const __m256i wabs = _mm256_sign_epi8(wq, wq);
+        for (int r = 0; r < R; ++r) {
+          const __m256i pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bcast4(xq[r] + 4 * c), wq));
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    } else {
+      __m256i pairs[R];
+      for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * c));
+        const __m256i lo = _mm256_and_si256(raw, low4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+        for (int r = 0; r < R; ++r) {
+          pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, bcast4(xq[r] + 4 * c)));
+          pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(hi, bcast4(xq[r] + 16 + 4 * c)));
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        isum[r] = _mm256_madd_epi16(pairs[r], ones);
+        if (F == WeightFormat::kQ4_0) isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(8 * x.s[(r0 + r) * kb + b]));
+      }
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = (r0 + r) * kb + b;
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[i])), acc[r]);
+    }
+    if (F == WeightFormat::kQ4_1) {
+      const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * h)));
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x.ds[(r0 + r) * kb + b]), acc[r]);
+    }
+  }
+  if (lanes == 8) {
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy, acc[r]);
+    return;
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float out[8];
+    _mm256_store_ps(out, acc[r]);
+    std::copy(out, out + lanes, y + (r0 + r) * ldy);
+  }
+}
+
+template <WeightFormat F>
+QV_ATTR void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n, float* y, int64_t n_begin,
+                  int64_t n_end) {
+  const int64_t group_bytes = x.kb * quant_block_bytes(F);
+  for (int64_t j = n_begin; j < n_end; j += 8) {
+    const uint8_t* group = w + (j / 16) * group_bytes;
+    const int h = static_cast<int>((j / 8) % 2);
+    const int lanes = static_cast<int>(std::min<int64_t>(8, n_end - j));
+    for (int64_t r0 = 0; r0 < m; r0 += kRowsPerPass) {
+      float* out = y + j;
+      switch (std::min<int64_t>(kRowsPerPass, m - r0)) {
+        case 1: half_rows<1, F>(x, r0, group, h, out, n, lanes); break;
+        case 2: half_rows<2, F>(x, r0, group, h, out, n, lanes); break;
+        case 3: half_rows<3, F>(x, r0, group, h, out, n, lanes); break;
+        default: half_rows<4, F>(x, r0, group, h, out, n, lanes); break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
+                     int64_t n_begin, int64_t n_end) {
+  switch (f) {
+    case WeightFormat::kQ8_0: return cols<WeightFormat::kQ8_0>(x, m, w, n, y, n_begin, n_end);
+    case WeightFormat::kQ4_0: return cols<WeightFormat::kQ4_0>(x, m, w, n, y, n_begin, n_end);
+    default: return cols<WeightFormat::kQ4_1>(x, m, w, n, y, n_begin, n_end);
+  }
+}
+#else
+void quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
+                     int64_t n_begin, int64_t n_end) {
+  quant_cols_scalar(x, m, w, f, n, y, n_begin, n_end);
+}
+#endif
+
+}  // namespace sonarspec
