@@ -51,22 +51,22 @@ def test_gguf_blocks_are_kept_and_close_to_their_float_model(tiny_dir, tmp_path,
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
 def test_every_scheme_is_lossless_on_quantized_weights(fmt):
     """The packaged tiny target quantized at load: draft_target and MTP chains (float and
-    quantized drafters), EAGLE trees and n-gram give its plain greedy tokens (verification
-    rows equal decoding rows bit for bit)."""
+    quantized drafters; "auto" gives a float drafter the target's format), EAGLE trees and
+    n-gram give its plain greedy tokens (verification rows equal decoding rows bit for bit)."""
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     prompts = ["def add(a, b):\n    return", "The quick brown fox", "import os\nimport sys\n"]
     plain = LLM("default", quantization=fmt)
     assert quantized_formats(plain.engine.model) == {fmt}
     ref = [o.token_ids for o in plain.generate(prompts, params)]
     for spec in (SpecConfig(method="draft_target", num_draft_tokens=3),
-                 SpecConfig(method="draft_target", num_draft_tokens=3, quantization=fmt),
-                 SpecConfig(method="mtp", num_draft_tokens=3),
+                 SpecConfig(method="draft_target", num_draft_tokens=3, quantization="none"),
                  SpecConfig(method="mtp", num_draft_tokens=3, quantization=fmt),
+                 SpecConfig(method="mtp", num_draft_tokens=3, quantization="none"),
                  SpecConfig(method="eagle_tree", num_draft_tokens=3), SpecConfig(method="ngram", num_draft_tokens=3)):
         llm = LLM("default", spec=spec, quantization=fmt)
         runner = getattr(llm.engine.proposer, "runner", None)   # n-gram has no model
         if runner is not None:
-            assert quantized_formats(runner.model) == ({fmt} if spec.quantization == fmt else set()), spec
+            assert quantized_formats(runner.model) == (set() if spec.quantization == "none" else {fmt}), spec
         assert [o.token_ids for o in llm.generate(prompts, params)] == ref, spec.method
         assert llm.stats()["num_draft_tokens"] > 0
 

@@ -79,9 +79,11 @@ def _schemes(draft_dir: Optional[str], mtp_dir: Optional[str], ks, mtp_ks, with_
     if with_ngram:
         out.append(("ngram K=4", SpecConfig(method="ngram", num_draft_tokens=4)))
     if mtp_dir:
-        out += [(f"mtp K={k}", SpecConfig(method="mtp", draft=mtp_dir, num_draft_tokens=k)) for k in mtp_ks]
+        out += [(f"mtp K={k}", SpecConfig(method="mtp", draft=mtp_dir, num_draft_tokens=k,
+                                          quantization=draft_quantization)) for k in mtp_ks]
         out += [(f"eagle_tree d={d} k={k} n={n}", SpecConfig(method="eagle_tree", draft=mtp_dir, num_draft_tokens=d,
-                                                             tree_top_k=k, tree_num_nodes=n)) for d, k, n in trees]
+                                                             tree_top_k=k, tree_num_nodes=n,
+                                                             quantization=draft_quantization)) for d, k, n in trees]
     return out
 
 
