@@ -89,8 +89,8 @@ class SpecConfig:
     tree_num_nodes: Optional[int] = None
     tree_paths: Optional[List[List[int]]] = None
     # the drafter's weight matrices, as EngineConfig.quantization: "auto" keeps a GGUF draft
-    # model's Q8_0 / Q4_0 / Q4_1 blocks, and gives a float drafter the target's layer format
-    # when the target's layers are block-quantized (spec.factory.drafter_quantization);
+    # model's Q8_0 / Q4_0 / Q4_1 blocks, and gives a float drafter Q8_0 blocks when the
+    # target is block-quantized (spec.factory.drafter_quantization);
     # "none" keeps float weights; "q8_0" ... quantize a draft model, or an MTP head's input
     # projection and layer, at load (a head's lm_head rows are the target's)
     quantization: str = "auto"

@@ -28,6 +28,18 @@ def test_the_fastest_draft_length_wins():
     assert c.rates[2] == pytest.approx(150.0)
 
 
+def test_a_new_controller_surveys_every_mode_briefly_first():
+    """Where plain decoding is twice as fast (many streams on a CPU), a short run pays for
+    one probe of each draft length (probe_steps measured steps, plus the first step after
+    a switch), not for a whole phase of the configured one."""
+    rates = {2: 300.0, 1: 450.0, 0: 600.0}
+    c = SpeculationControl(modes=(2, 1, 0))
+    survey = 2 * c.probe_steps + 1
+    for _ in range(survey + c.phase_steps):   # the survey, then the winner's first phase
+        c.record(1 / rates[c.mode], 1, measured=True)
+    assert c.winner == 0 and c.steps == {2: c.probe_steps, 1: c.probe_steps + 1, 0: c.phase_steps}
+
+
 @pytest.mark.parametrize("spec,plain", [(150.0, 100.0), (80.0, 100.0), (60.0, 200.0)])
 def test_the_faster_mode_runs_most_steps(spec, plain):
     c = simulate(spec, plain)

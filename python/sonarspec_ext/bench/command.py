@@ -23,8 +23,8 @@ def add_bench_parser(sub, positive_int) -> None:
     b.add_argument("--ks", type=positive_int, nargs="+", default=[2, 4, 6],
                    help="draft_target draft lengths (--spec quantized: the first)")
     b.add_argument("--draft-quantization", default="auto", choices=QUANTIZATION_CHOICES,
-                   help="the drafters' weights (SpecConfig.quantization; auto: a float drafter takes the "
-                        "format of a block-quantized target)")
+                   help="the drafters' weights (SpecConfig.quantization; auto: a float drafter in Q8_0 "
+                        "beside a block-quantized target)")
     b.add_argument("--mtp", default="default",
                    help="MTP head dir for --spec all/mtp ('default': packaged head; 'none': no MTP rows)")
     b.add_argument("--mtp-ks", type=positive_int, nargs="+", default=[1, 2, 3, 4], help="MTP draft lengths (tree depths)")

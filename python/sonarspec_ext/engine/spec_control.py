@@ -2,7 +2,10 @@
 measured the highest throughput on this machine, model and traffic - possibly none.
 
 The modes are draft lengths, the configured one first, 0 meaning plain decoding.
-Decoding alternates between exploiting the fastest mode and briefly probing another:
+A new controller first surveys them: ``probe_steps`` measured steps of each in turn, then
+the fastest runs (a short run at a batch size where speculation loses - 64 streams on
+a CPU - pays for a few probe steps, not for a whole phase of the slower mode). Then
+decoding alternates between exploiting the fastest mode and briefly probing another:
 ``phase_steps`` steps of the current winner, then ``probe_steps`` of the next other mode
 in turn, after which the faster of the two runs; the winner's phases double (up to
 ``max_phase_steps``) each time a probe confirms it. A mode's rate is the output tokens per
@@ -30,12 +33,18 @@ class SpeculationControl:
         self.steps: Dict[int, int] = dict.fromkeys(self.modes, 0)            # decode steps run in each mode
         self.winner = self.modes[0]   # the configured draft length until measured otherwise
         self.mode = self.winner       # the next step's
+        self._survey = list(self.modes[1:])   # modes still to measure once, after the first
         self._probe = 0               # index of the mode the next probe runs, among the others
-        self._left = phase_steps      # measured steps left in this phase
+        self._left = probe_steps      # measured steps left in this phase
         self._exploit = phase_steps   # length of the winner's next phase
         self._seconds = 0.0
         self._tokens = 0
         self._fresh = False           # the next step is the first after a switch
+
+    def start_with(self, mode: int) -> None:
+        """Survey ``mode`` first (a verdict from elsewhere), the others after it."""
+        self.winner = self.mode = mode
+        self._survey = [m for m in self.modes if m != mode]
 
     @property
     def probing(self) -> bool:
@@ -66,7 +75,14 @@ class SpeculationControl:
         old = self.rates[mode]
         self.rates[mode] = rate if old is None else self.decay * old + (1 - self.decay) * rate
         self._seconds, self._tokens = 0.0, 0
-        if self.probing:   # the probe's verdict: the faster mode runs next, longer if it won again
+        if self._survey is not None:   # the first survey: every mode once, then the fastest
+            if self._survey:
+                self.mode, self._left = self._survey.pop(0), self.probe_steps
+            else:
+                self._survey = None
+                self.winner = max(self.modes, key=lambda m: self.rates[m])
+                self.mode, self._left = self.winner, self._exploit
+        elif self.probing:   # the probe's verdict: the faster mode runs next, longer if it won again
             if self.rates[mode] > self.rates[self.winner]:
                 self.winner, self._exploit = mode, self.phase_steps
             else:
@@ -83,7 +99,7 @@ class BatchSpeculationControl:
     """One ``SpeculationControl`` per size class of the decoding batch (1, 2-3, 4-7, ...,
     32 and more sequences): speculation that pays for one stream rarely pays for 32, so each
     class learns its own winner, and the losing modes' probes there grow rare. A class seen
-    for the first time starts with the winner of the nearest class already measured."""
+    for the first time starts its survey with the winner of the nearest class already seen."""
 
     def __init__(self, **kwargs):
         self._kwargs = kwargs
@@ -94,8 +110,8 @@ class BatchSpeculationControl:
         c = min(max(num_decoding, 1).bit_length(), 6)
         if c not in self.classes:   # a new class starts with the winner of the nearest class seen
             new = SpeculationControl(**self._kwargs)
-            if self.classes:
-                new.winner = new.mode = self.classes[min(self.classes, key=lambda k: (abs(k - c), k))].winner
+            if self.classes:   # ... surveyed from it
+                new.start_with(self.classes[min(self.classes, key=lambda k: (abs(k - c), k))].winner)
             self.classes[c] = new
         return self.classes[c]
 
