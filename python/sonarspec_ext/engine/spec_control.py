@@ -1,13 +1,16 @@
 """Speculation that pays for itself: each decoding step drafts as many tokens as have
 measured the highest throughput on this machine, model and traffic - possibly none.
 
-The modes are draft lengths, the configured one first, 0 meaning plain decoding.
-A new controller first surveys them: ``probe_steps`` measured steps of each in turn, then
-the fastest runs (a short run at a batch size where speculation loses - 64 streams on
-a CPU - pays for a few probe steps, not for a whole phase of the slower mode). Then
-decoding alternates between exploiting the fastest mode and briefly probing another:
-``phase_steps`` steps of the current winner, then ``probe_steps`` of the next other mode
-in turn, after which the faster of the two runs; the winner's phases double (up to
+The modes are draft lengths, the configured one first, 0 meaning plain decoding. The
+controller assumes throughput is unimodal in the draft length (it rises while the
+drafts' acceptance outweighs their cost, then falls) and climbs to the peak: it first
+surveys the start mode and then, ``probe_steps`` measured steps each, the unmeasured
+neighbours (in draft length) of the fastest mode so far, until both neighbours of the
+fastest are measured slower - so a short run where speculation loses (64 streams on a
+CPU, started from plain decoding) pays for one probe, not for every length. Then decoding
+alternates between exploiting the fastest mode and briefly probing a neighbour of it:
+``phase_steps`` steps of the current winner, then ``probe_steps`` of the next neighbour in
+turn, after which the faster of the two runs; the winner's phases double (up to
 ``max_phase_steps``) each time a probe confirms it. A mode's rate is the output tokens per
 second of the decode-only steps it ran (steps that also prefill are not comparable and are
 not measured), averaged over its phases with weight ``decay`` on the past. Every mode gives
@@ -16,7 +19,7 @@ probe's share of steps runs a slower mode.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 
 class SpeculationControl:
@@ -27,14 +30,15 @@ class SpeculationControl:
             raise ValueError("SpeculationControl needs two or more distinct draft lengths >= 0, phase_steps, "
                              "probe_steps >= 1, max_phase_steps >= phase_steps and 0 <= decay < 1")
         self.modes = tuple(modes)
+        self._ladder = sorted(self.modes)   # the modes by draft length: neighbours are adjacent
         self.phase_steps, self.probe_steps, self.max_phase_steps, self.decay = (
             phase_steps, probe_steps, max_phase_steps, decay)
         self.rates: Dict[int, Optional[float]] = dict.fromkeys(self.modes)   # draft length -> tokens/s
         self.steps: Dict[int, int] = dict.fromkeys(self.modes, 0)            # decode steps run in each mode
         self.winner = self.modes[0]   # the configured draft length until measured otherwise
         self.mode = self.winner       # the next step's
-        self._survey = list(self.modes[1:])   # modes still to measure once, after the first
-        self._probe = 0               # index of the mode the next probe runs, among the others
+        self._surveying = True        # climbing to the fastest mode, before the first phase
+        self._probe = 0               # which neighbour of the winner the next probe runs
         self._left = probe_steps      # measured steps left in this phase
         self._exploit = phase_steps   # length of the winner's next phase
         self._seconds = 0.0
@@ -42,9 +46,14 @@ class SpeculationControl:
         self._fresh = False           # the next step is the first after a switch
 
     def start_with(self, mode: int) -> None:
-        """Survey ``mode`` first (a verdict from elsewhere), the others after it."""
-        self.winner = self.mode = mode
-        self._survey = [m for m in self.modes if m != mode]
+        """Start the survey from ``mode`` (a verdict from elsewhere) instead."""
+        if self.rates[self.mode] is None:
+            self.winner = self.mode = mode
+
+    def _neighbours(self, mode: int) -> List[int]:
+        """The modes next to ``mode`` in draft length, the shorter first."""
+        i = self._ladder.index(mode)
+        return [self._ladder[j] for j in (i - 1, i + 1) if 0 <= j < len(self._ladder)]
 
     @property
     def probing(self) -> bool:
@@ -75,22 +84,20 @@ class SpeculationControl:
         old = self.rates[mode]
         self.rates[mode] = rate if old is None else self.decay * old + (1 - self.decay) * rate
         self._seconds, self._tokens = 0.0, 0
-        if self._survey is not None:   # the first survey: every mode once, then the fastest
-            if self._survey:
-                self.mode, self._left = self._survey.pop(0), self.probe_steps
-            else:
-                self._survey = None
-                self.winner = max(self.modes, key=lambda m: self.rates[m])
-                self.mode, self._left = self.winner, self._exploit
+        if self._surveying:   # climb: the fastest so far, and its neighbours not yet measured
+            self.winner = max((m for m in self.modes if self.rates[m] is not None), key=lambda m: self.rates[m])
+            todo = [m for m in self._neighbours(self.winner) if self.rates[m] is None]
+            self._surveying = bool(todo)
+            self.mode, self._left = (todo[0], self.probe_steps) if todo else (self.winner, self._exploit)
         elif self.probing:   # the probe's verdict: the faster mode runs next, longer if it won again
             if self.rates[mode] > self.rates[self.winner]:
                 self.winner, self._exploit = mode, self.phase_steps
             else:
                 self._exploit = min(self.max_phase_steps, 2 * self._exploit)
             self.mode, self._left = self.winner, self._exploit
-        else:              # the winner's phase is over: probe the next other mode
-            others = [m for m in self.modes if m != self.winner]
-            self.mode, self._left = others[self._probe % len(others)], self.probe_steps
+        else:                 # the winner's phase is over: probe one of its neighbours
+            near = self._neighbours(self.winner)
+            self.mode, self._left = near[self._probe % len(near)], self.probe_steps
             self._probe += 1
         self._fresh = self.mode != mode
 
@@ -99,7 +106,7 @@ class BatchSpeculationControl:
     """One ``SpeculationControl`` per size class of the decoding batch (1, 2-3, 4-7, ...,
     32 and more sequences): speculation that pays for one stream rarely pays for 32, so each
     class learns its own winner, and the losing modes' probes there grow rare. A class seen
-    for the first time starts its survey with the winner of the nearest class already seen."""
+    for the first time starts its survey from the winner of the nearest class already seen."""
 
     def __init__(self, **kwargs):
         self._kwargs = kwargs
@@ -110,7 +117,7 @@ class BatchSpeculationControl:
         c = min(max(num_decoding, 1).bit_length(), 6)
         if c not in self.classes:   # a new class starts with the winner of the nearest class seen
             new = SpeculationControl(**self._kwargs)
-            if self.classes:   # ... surveyed from it
+            if self.classes:
                 new.start_with(self.classes[min(self.classes, key=lambda k: (abs(k - c), k))].winner)
             self.classes[c] = new
         return self.classes[c]
