@@ -19,7 +19,7 @@ sonarspec bench --spec all --model smollm2 --draft none --mtp "$HEAD" --mtp-ks 1
   --repeats 3 --max-tokens 96 --no-transformers --json "$OUT/smollm2_spec.json" --plot "$OUT/smollm2_spec.png"
 sonarspec bench --spec all --model smollm2 --draft none --mtp "$HEAD" --mtp-ks 2 --batch-sizes 8 --spec-max-batch 4 \
   --repeats 3 --max-tokens 96 --no-transformers --json "$OUT/smollm2_spec_load_control.json"
-sonarspec bench --spec quantized --model smollm2 --mtp-ks 2 --ks 2 --draft-quantization q8_0 --max-tokens 128 \
+sonarspec bench --spec quantized --model smollm2 --mtp-ks 2 --ks 2 --max-tokens 128 \
   --repeats 3 --json "$OUT/smollm2_quantized.json"
 sonarspec bench --spec all --model smollm2 --quantization auto --draft default --ks 2 3 4 --mtp "$HEAD" \
   --mtp-ks 1 2 3 --batch-sizes 1 --repeats 3 --max-tokens 128 --no-transformers --json "$OUT/smollm2_spec_q4_1.json"

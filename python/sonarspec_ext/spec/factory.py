@@ -107,8 +107,9 @@ def drafter_quantization(quantization: str, draft_dir: str, target) -> str:
     drafter stored in float weights (an MTP head, a draft model that is not a GGUF file)
     Q8_0 blocks when the target's layers are block-quantized: a drafter is there to cost
     less than the target, and Q8_0 keeps its proposals. (SmolLM2's Q4_1 file: its MTP head
-    in Q8_0 drafts 1.4x faster than in bfloat16 at the same acceptance; its 2-layer draft
-    model in Q4_1 instead of Q8_0 loses a quarter of its first-position acceptance.)"""
+    in Q8_0 drafts 1.4x faster than in bfloat16, its 2-layer draft model 1.5x, both at the
+    same acceptance to 0.01; the draft model in Q4_1 lost 0.02 of its first-position
+    acceptance of 0.37 for 11% less drafting time.)"""
     if quantization != "auto" or gguf_file(draft_dir) is not None:
         return quantization
     return "q8_0" if quantized_formats(target) else quantization
