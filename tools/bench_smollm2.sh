@@ -23,6 +23,9 @@ sonarspec bench --spec quantized --model smollm2 --mtp-ks 2 --ks 2 --max-tokens 
   --repeats 3 --json "$OUT/smollm2_quantized.json"
 sonarspec bench --spec all --model smollm2 --quantization auto --draft default --ks 2 3 4 --mtp "$HEAD" \
   --mtp-ks 1 2 3 --batch-sizes 1 --repeats 3 --max-tokens 128 --no-transformers --json "$OUT/smollm2_spec_q4_1.json"
+sonarspec bench --spec all --model smollm2 --quantization auto --draft default --ks 2 4 --mtp "$HEAD" \
+  --mtp-ks 1 2 3 --batch-sizes 1 8 --repeats 3 --max-tokens 128 --no-transformers --spec-control adaptive \
+  --json "$OUT/smollm2_spec_q4_1_adaptive.json"
 sonarspec bench --spec all --model smollm2 --quantization auto --draft default --draft-quantization q8_0 \
   --ks 1 2 3 --mtp none --batch-sizes 1 --repeats 3 --max-tokens 128 --no-transformers \
   --json "$OUT/smollm2_draft_q8_0.json"

@@ -32,6 +32,9 @@ def add_bench_parser(sub, positive_int) -> None:
     b.add_argument("--tree-nodes", type=positive_int, default=None, help="eagle_tree: draft nodes per tree (16)")
     b.add_argument("--spec-max-batch", type=int, default=None,
                    help="speculate only while at most this many sequences decode (engine option spec_max_batch)")
+    b.add_argument("--spec-control", default="always", choices=["always", "adaptive"],
+                   help="--spec all/mtp/eagle_tree: adaptive: each scheme speculates only while it measures "
+                        "faster than plain decoding (engine option adaptive_speculation)")
     b.add_argument("--plot", default=None, help="write a PNG chart (--spec all; needs matplotlib)")
     b.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8], help="batch sizes to measure")
     b.add_argument("--prompt-len", type=positive_int, default=32, help="--spec none: random prompt length")
@@ -101,7 +104,8 @@ def run_bench(args) -> int:
                           with_ngram=full, spec_max_batch=args.spec_max_batch, trees=trees if mtp else (),
                           device=args.device, dtype=args.dtype, temperature=args.temperature, top_p=args.top_p,
                           draft_sampling=args.draft_sampling, cuda_graphs=args.cuda_graphs,
-                          quantization=args.quantization, draft_quantization=args.draft_quantization)
+                          quantization=args.quantization, draft_quantization=args.draft_quantization,
+                          adaptive=args.spec_control == "adaptive")
         if tree:
             from .attention import bench_tree_attention, print_attention_table
             from ..models.loader import load_config

@@ -93,7 +93,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                with_ngram: bool = True, spec_max_batch: Optional[int] = None, trees=(), device: str = "cpu",
                dtype: str = "float32", temperature: float = 0.0, top_p: float = 1.0,
                draft_sampling: bool = False, cuda_graphs: bool = False, quantization: str = "auto",
-               draft_quantization: str = "auto") -> dict:
+               draft_quantization: str = "auto", adaptive: bool = False) -> dict:
     """Every scheme on the same prompts in one process. Each scheme's greedy output is
     first checked equal to plain decoding (on the CPU a difference is an error; on CUDA,
     where torch's GEMMs and SDPA may round a verification pass differently from a decoding
@@ -104,7 +104,9 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     instead: outputs then differ between schemes by design (the tests check the sampled
     distributions), and agreement is not checked. ``draft="default"``: the draft model that
     goes with the target (``spec.factory.find_draft_model``), or no draft_target rows;
-    ``draft_quantization``: its weights (``SpecConfig.quantization``)."""
+    ``draft_quantization``: its weights (``SpecConfig.quantization``). ``adaptive``: every
+    scheme under adaptive speculation (``EngineConfig.adaptive_speculation``; its rows
+    record the decode steps that speculated and that ran plainly)."""
     if threads:
         torch.set_num_threads(threads)
     target_dir = resolve(target, "target")
@@ -113,7 +115,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     sampled = temperature > 0
     schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram, trees, draft_quantization)
     llms = {name: LLM(target_dir, spec=spec, spec_max_batch=spec_max_batch, device=device, dtype=dtype,
-                      draft_sampling=draft_sampling, cuda_graphs=cuda_graphs, quantization=quantization)
+                      draft_sampling=draft_sampling, cuda_graphs=cuda_graphs, quantization=quantization,
+                      adaptive_speculation=adaptive and name != "plain")
             for name, spec in schemes}
     prompts = bench_prompts(llms["plain"])
     params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=i, ignore_eos=True)
@@ -149,10 +152,13 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                          "speedup": round(tok_s / base, 3), "tau": round(s["acceptance_length"], 3),
                          "accepted_per_position": [round(a, 3) for a in s["accepted_per_position"]],
                          **({} if sampled else {"greedy_agreement": f"{agree[name]}/{len(ref)}"}),
+                         **({k: s["adaptive_speculation"][k] for k in ("speculating_steps", "plain_steps")}
+                            if "adaptive_speculation" in s else {}),
                          **({"cuda_graphs": s["cuda_graphs"]} if "cuda_graphs" in s else {})})
         if with_transformers and bs == 1 and draft_dir and not sampled and prompts is PROMPTS:
             rows += _bench_transformers(target_dir, draft_dir, ref, max_tokens, repeats, base, device, dtype)
     return {"target": target_dir, "draft": draft_dir, "mtp": mtp_dir, "spec_max_batch": spec_max_batch,
+            "adaptive_speculation": adaptive,
             "max_tokens": max_tokens, "device": str(device), "dtype": dtype, "temperature": temperature, "top_p": top_p,
             "draft_sampling": draft_sampling, "cuda_graphs": cuda_graphs, "quantization": quantization,
             "num_prompts": len(prompts), "chat": prompts is not PROMPTS, "repeats": repeats,

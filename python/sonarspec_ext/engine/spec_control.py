@@ -2,13 +2,13 @@
 measured the highest throughput on this machine, model and traffic - possibly none.
 
 The modes are draft lengths, the configured one first, 0 meaning plain decoding. The
-controller assumes throughput is unimodal in the draft length (it rises while the
-drafts' acceptance outweighs their cost, then falls) and climbs to the peak: it first
+controller assumes throughput is unimodal in the draft length over K >= 1 (it rises while
+the drafts' acceptance outweighs their cost, then falls) and climbs to the peak: it first
 surveys the start mode and then, ``probe_steps`` measured steps each, the unmeasured
-neighbours (in draft length) of the fastest mode so far, until both neighbours of the
-fastest are measured slower - so a short run where speculation loses (64 streams on a
-CPU, started from plain decoding) pays for one probe, not for every length. Then decoding
-alternates between exploiting the fastest mode and briefly probing a neighbour of it:
+neighbours of the fastest mode so far - the lengths next to it, and plain decoding -
+until all of them are measured slower; so a short run where speculation loses (64 streams
+on a CPU, started from plain decoding) pays for one probe, not for every length. Then
+decoding alternates between exploiting the fastest mode and briefly probing a neighbour:
 ``phase_steps`` steps of the current winner, then ``probe_steps`` of the next neighbour in
 turn, after which the faster of the two runs; the winner's phases double (up to
 ``max_phase_steps``) each time a probe confirms it. A mode's rate is the output tokens per
@@ -51,9 +51,12 @@ class SpeculationControl:
             self.winner = self.mode = mode
 
     def _neighbours(self, mode: int) -> List[int]:
-        """The modes next to ``mode`` in draft length, the shorter first."""
+        """The modes next to ``mode`` in draft length, the shorter first, and plain decoding:
+        it has no drafting cost at all, so a drafter's fixed cost per step can make K = 1
+        slower than both plain decoding and K = 2 (throughput is unimodal over K >= 1)."""
         i = self._ladder.index(mode)
-        return [self._ladder[j] for j in (i - 1, i + 1) if 0 <= j < len(self._ladder)]
+        near = [self._ladder[j] for j in (i - 1, i + 1) if 0 <= j < len(self._ladder)]
+        return near + [0] if mode != 0 and 0 in self.modes and 0 not in near else near
 
     @property
     def probing(self) -> bool:
