@@ -105,6 +105,15 @@ def test_training_resumes_exactly(llama_dir, tmp_path, monkeypatch):
     train_head(resumed, fs, fs, cfg, str(tmp_path / "b"), resume=True, **QUIET)
     for (n, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=n)
+    # a finished run extended: steps 7-8 run from the step-6 checkpoint, not from scratch
+    with pytest.raises(ValueError, match="no fewer than the 6 steps"):
+        train_head(random_head(llama_dir), fs, fs, TrainConfig(**{**cfg.__dict__, "max_steps": 5}),
+                   str(tmp_path / "b"), resume=True, **QUIET)
+    longer = TrainConfig(**{**cfg.__dict__, "max_steps": 8, "eval_every": 4})
+    extended = random_head(llama_dir, seed=9)
+    hist = train_head(extended, fs, fs, longer, str(tmp_path / "b"), resume=True, **QUIET)
+    assert [r["step"] for r in hist["train"]] == list(range(1, 9)) and hist["val"][-1]["step"] == 8
+    assert any(not torch.equal(a, b) for a, b in zip(resumed.state_dict().values(), extended.state_dict().values()))
 
 
 def _corpus(tmp_path):

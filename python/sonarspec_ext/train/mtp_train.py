@@ -106,11 +106,17 @@ def evaluate(head: MTPHead, val: FeatureSet, cfg: TrainConfig, vocab_ids: Option
     return {"loss": avg[0], "feature_loss": avg[1::3], "ce": avg[2::3], "top1": avg[3::3]}
 
 
+# What a resumed run may change: its length (the learning-rate schedule then follows the
+# new max_steps from the step reached) and how often it evaluates and checkpoints.
+EXTENDABLE = frozenset({"max_steps", "eval_every", "checkpoint_every", "eval_windows"})
+
+
 def train_head(head: MTPHead, train: FeatureSet, val: FeatureSet, cfg: TrainConfig, work_dir: str,
                resume: bool = False, log: Callable[[str], None] = print,
                vocab_ids: Optional[torch.Tensor] = None) -> dict:
     """Trains ``head`` (bound to its frozen target) and returns the history; checkpoints to
-    ``work_dir/checkpoint.pt`` and continues from it with ``resume``. ``vocab_ids``: the
+    ``work_dir/checkpoint.pt`` and continues from it with ``resume`` - also past the end
+    of a finished run, given a larger ``max_steps`` (``EXTENDABLE``). ``vocab_ids``: the
     cross-entropy's token set (see ``head_loss``)."""
     os.makedirs(work_dir, exist_ok=True)
     ckpt = os.path.join(work_dir, "checkpoint.pt")
@@ -120,13 +126,18 @@ def train_head(head: MTPHead, train: FeatureSet, val: FeatureSet, cfg: TrainConf
     start = 0
     if resume and os.path.isfile(ckpt):
         state = torch.load(ckpt, weights_only=False)
-        if state["config"] != asdict(cfg):
-            raise ValueError(f"{ckpt} was written with another training configuration; "
-                             f"start a new run in another directory or drop --resume")
+        changed = sorted(k for k, v in asdict(cfg).items() if state["config"].get(k) != v)
+        if set(changed) - EXTENDABLE or cfg.max_steps < state["step"]:
+            raise ValueError(f"{ckpt} was written with another training configuration ({', '.join(changed)} "
+                             f"differ; only {', '.join(sorted(EXTENDABLE))} may change, max_steps to no fewer "
+                             f"than the {state['step']} steps done); start a new run in another directory or "
+                             f"drop --resume")
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
         history, start = state["history"], state["step"]
-        log(f"resumed from {ckpt} at step {start}")
+        history["config"] = asdict(cfg)
+        log(f"resumed from {ckpt} at step {start}" + (f" (now {cfg.max_steps} steps)" if "max_steps" in changed
+                                                     else ""))
     head.train()
     bar = tqdm(total=cfg.max_steps, initial=start, desc=f"train mtp ({head.layout})", unit="step",
                dynamic_ncols=True)
