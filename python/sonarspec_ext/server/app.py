@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from pydantic import ValidationError
 
 from ..llm import LLM
@@ -39,6 +40,33 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", param
     return JSONResponse(error_body(message, kind, code=str(status), param=param), status_code=status)
 
 
+class _Guard:
+    """ASGI middleware in front of every ``/v1`` route: the API key (Bearer, constant-time
+    compare) and the declared body size. A plain ASGI callable rather than an ``http``
+    middleware function, which would pass every streamed chunk through a task of its own."""
+
+    def __init__(self, app, api_key: Optional[str], max_body_bytes: int):
+        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            rejected = self._reject(Headers(scope=scope))
+            if rejected is not None:
+                return await rejected(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def _reject(self, headers: Headers) -> Optional[Response]:
+        if self.api_key is not None:
+            auth = headers.get("authorization", "")
+            given = auth[7:] if auth.lower().startswith("bearer ") else ""
+            if not hmac.compare_digest(given.encode(), self.api_key.encode()):
+                return _error(401, "invalid or missing API key (Authorization: Bearer <key>)", "authentication_error")
+        size = headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > self.max_body_bytes):
+            return _error(413, f"request body larger than {self.max_body_bytes} bytes")
+        return None
+
+
 def create_app(llm: LLM, model_name: str, api_key: Optional[str] = None,
                limits: Optional[ServerLimits] = None) -> FastAPI:
     """The app; its engine thread starts with the app and stops with it."""
@@ -58,19 +86,7 @@ def create_app(llm: LLM, model_name: str, api_key: Optional[str] = None,
     app.state.engine_loop = loop
     max_len = llm.engine.max_model_len
 
-    @app.middleware("http")
-    async def _guard(request: Request, call_next):
-        if request.url.path.startswith("/v1"):
-            if api_key is not None:
-                auth = request.headers.get("authorization", "")
-                given = auth[7:] if auth.lower().startswith("bearer ") else ""
-                if not hmac.compare_digest(given.encode(), api_key.encode()):
-                    return _error(401, "invalid or missing API key (Authorization: Bearer <key>)",
-                                  "authentication_error")
-            size = request.headers.get("content-length")
-            if size is not None and (not size.isdigit() or int(size) > limits.max_body_bytes):
-                return _error(413, f"request body larger than {limits.max_body_bytes} bytes")
-        return await call_next(request)
+    app.add_middleware(_Guard, api_key=api_key, max_body_bytes=limits.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_, exc: RequestValidationError):
@@ -212,8 +228,9 @@ async def _events(loop: EngineLoop, ids, params, request: Request):
     try:
         while True:
             try:
-                ev = await asyncio.wait_for(out.get(), timeout=1.0)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(1.0):   # no task per event, unlike asyncio.wait_for
+                    ev = await out.get()
+            except TimeoutError:
                 if await request.is_disconnected():
                     return
                 continue
