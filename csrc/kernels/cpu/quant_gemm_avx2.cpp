@@ -120,11 +120,7 @@ QV_ATTR void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n
 
 void quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                      int64_t n_begin, int64_t n_end) {
-  switch (f) {
-    case WeightFormat::kQ8_0: return cols<WeightFormat::kQ8_0>(x, m, w, n, y, n_begin, n_end);
-    case WeightFormat::kQ4_0: return cols<WeightFormat::kQ4_0>(x, m, w, n, y, n_begin, n_end);
-    default: return cols<WeightFormat::kQ4_1>(x, m, w, n, y, n_begin, n_end);
-  }
+  with_format(f, [&](auto fmt) { cols<decltype(fmt)::value>(x, m, w, n, y, n_begin, n_end); });
 }
 #else
 void quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,

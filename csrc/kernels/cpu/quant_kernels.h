@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "sonarspec/small_gemm.h"   // WeightFormat
 
@@ -39,6 +40,17 @@ void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, Weight
                      int64_t n_begin, int64_t n_end);
 void quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                      int64_t n_begin, int64_t n_end);
+
+// fn(std::integral_constant<WeightFormat, F>{}) for the block format f (Q8_0, Q4_0, else
+// Q4_1): how each kernel picks its template instantiation.
+template <typename Fn>
+void with_format(WeightFormat f, Fn&& fn) {
+  switch (f) {
+    case WeightFormat::kQ8_0: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ8_0>{});
+    case WeightFormat::kQ4_0: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ4_0>{});
+    default: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ4_1>{});
+  }
+}
 
 // Blocks ahead of the one in use whose cache lines the column kernels prefetch: the
 // hardware prefetchers alone let the dot products and the weight stream take turns (a
