@@ -122,14 +122,16 @@ out = {"kernel": _C.quant_kernel()}
 for fmt in ("q8_0", "q4_0", "q4_1"):
     for m, n, k in ((1, 37, 96), (5, 40, 64), (9, 23, 160), (4, 16, 32)):
         qm = QuantizedMatrix.quantize(torch.randn(n, k, generator=g), fmt)
-        out[f"{fmt} {m}x{n}x{k}"] = kernel_linear(torch.randn(m, k, generator=g) * 3, qm).view(torch.int32).flatten().tolist()
+        y = kernel_linear(torch.randn(m, k, generator=g) * 3, qm)
+        out[f"{fmt} {m}x{n}x{k}"] = y.view(torch.int32).flatten().tolist()
 # Q8_0 quants at both extremes (-128 and 127) against activations that round to +-127
 blocks = QuantizedMatrix.quantize(torch.randn(24, 64, generator=g), "q8_0").to_blocks().reshape(24, 2, 34).copy()
 quants = blocks[..., 2:].view(np.int8)
 quants[::2, :, ::3] = -128
 quants[1::2, :, 1::3] = 127
 x = torch.where(torch.rand(6, 64, generator=g) < 0.5, -1.0, 1.0)
-out["q8_0 extremes"] = kernel_linear(x, QuantizedMatrix.from_blocks(blocks.reshape(24, 68), "q8_0", 64)).view(torch.int32).flatten().tolist()
+y = kernel_linear(x, QuantizedMatrix.from_blocks(blocks.reshape(24, 68), "q8_0", 64))
+out["q8_0 extremes"] = y.view(torch.int32).flatten().tolist()
 print(json.dumps(out))
 """
 

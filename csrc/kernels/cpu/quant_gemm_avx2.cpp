@@ -72,7 +72,9 @@ QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group,
       }
       for (int r = 0; r < R; ++r) {
         isum[r] = _mm256_madd_epi16(pairs[r], ones);
-        if (F == WeightFormat::kQ4_0) isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(8 * x.s[(r0 + r) * kb + b]));
+        if (F == WeightFormat::kQ4_0) {
+          isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(8 * x.s[(r0 + r) * kb + b]));
+        }
       }
     }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
