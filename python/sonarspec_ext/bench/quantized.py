@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from . import read_bandwidth_gbs, weight_bytes
+from .. import _C
 from .spec import bench_prompts, bench_spec
 from ..assets import resolve
 from ..llm import LLM
@@ -98,7 +99,8 @@ def bench_quantized(model: str = "smollm2", mtp: Optional[str] = None, max_token
             row["best_vs_llama_cpp_lookup"] = round(best / lookup["tok_s"], 3)
         rows.append(row)
     tmp.cleanup()
-    return {"model": src, "mtp": mtp, "draft": draft, "draft_quantization": draft_quantization, "max_tokens": max_tokens, "repeats": repeats, "threads": threads,
+    return {"model": src, "mtp": mtp, "draft": draft, "draft_quantization": draft_quantization,
+            "max_tokens": max_tokens, "repeats": repeats, "threads": threads, "quant_kernel": _C.quant_kernel(),
             "read_bandwidth_gbs": round(gbs, 2), "num_prompts": len(prompts),
             "llama_cpp": _llama_cpp_version() if llama_cpp else None, "torch": torch.__version__, "results": rows}
 
@@ -111,7 +113,7 @@ def _llama_cpp_version() -> str:
 def print_quantized_table(info: dict) -> None:
     print(f"{info['model']}: batch 1, greedy, {info['num_prompts']} chat prompts x {info['max_tokens']} tokens, "
           f"{info['threads']} threads, read bandwidth {info['read_bandwidth_gbs']:.1f} GB/s, "
-          f"median of {info['repeats']}")
+          f"{info.get('quant_kernel', '?')} kernel, median of {info['repeats']}")
     for r in info["results"]:
         line = (f"  {r['path']}: {r['bytes_per_token'] / 1e6:.1f} MB/token, floor {r['floor_tok_s']:.0f} tok/s | "
                 f"plain {r['plain_tok_s']:.1f} ({r['floor_fraction']:.0%} of floor)")
