@@ -114,6 +114,12 @@ def is_ascending(ids: torch.Tensor) -> bool:
     return ids.numel() < 2 or bool((ids[1:] > ids[:-1]).all())
 
 
+def check_vocab_range(ids: torch.Tensor, vocab_size: int) -> None:
+    """A ValueError unless every token id of a draft vocabulary lies in [0, vocab_size)."""
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"draft vocabulary ids must lie in [0, {vocab_size})")
+
+
 def vocab_logits(row_logits: torch.Tensor, row_ids: Optional[torch.Tensor], vocab_size: int) -> torch.Tensor:
     """Logits over the lm_head rows ``row_ids`` (a draft vocabulary) as logits over the whole
     vocabulary, -inf elsewhere; ``row_ids`` None: already whole."""
@@ -167,11 +173,9 @@ class LlamaForCausalLM(nn.Module):
         """A draft model proposing only ``token_ids`` (ascending): its lm_head becomes those
         rows of ``lm_head`` (a full lm_head's weight, a tensor or quantized) and its logits
         are -inf elsewhere. Inference only."""
-        V = self.config.vocab_size
         if token_ids.dim() != 1 or not is_ascending(token_ids):
             raise ValueError("a draft vocabulary is a 1-D tensor of ascending token ids")
-        if token_ids.numel() and (int(token_ids[0]) < 0 or int(token_ids[-1]) >= V):
-            raise ValueError(f"draft vocabulary ids must lie in [0, {V})")
+        check_vocab_range(token_ids, self.config.vocab_size)
         rows = rows_of(lm_head, token_ids)
         with torch.device("meta"):   # no storage: its weight is replaced by the rows
             self.lm_head = Linear(self.config.hidden_size, token_ids.shape[0], bias=False)

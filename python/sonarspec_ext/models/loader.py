@@ -133,8 +133,8 @@ def resolve_quantization(quantization: str, path: str, device="cpu", dtype=torch
 
     "auto": a GGUF file whose layer matrices are all in natively run formats (Q8_0, Q4_0,
     Q4_1) keeps them ("file") where a SIMD kernel runs them (AVX-512 VNNI or AVX2); anything
-    else loads float weights. Block formats run on the CPU with float32 activations: elsewhere "auto" means
-    "none" and a format is an error."""
+    else loads float weights. Block formats run on the CPU with float32 activations:
+    elsewhere "auto" means "none" and a format is an error."""
     if quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"quantization {quantization!r} is not supported; choose one of "
                          f"{', '.join(QUANTIZATION_CHOICES)}")

@@ -26,7 +26,7 @@ from ..ops.quantized import float_weight, rows_of
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
-from .llama import LlamaDecoderLayer, vocab_logits
+from .llama import LlamaDecoderLayer, check_vocab_range, vocab_logits
 
 LAYOUTS = ("rmsnorm", "eagle1")
 
@@ -66,10 +66,8 @@ class MTPHead(nn.Module):
         never saved) and are -inf elsewhere. Verification stays exact whatever the set."""
         self.draft_vocab = None if token_ids is None else token_ids.to(torch.long)
         if self.draft_vocab is not None and self._shared is not None:
-            V = self._shared[1].weight.shape[0]
-            if self.draft_vocab.numel() and (int(self.draft_vocab.min()) < 0 or int(self.draft_vocab.max()) >= V):
-                raise ValueError(f"draft vocabulary ids must lie in [0, {V})")
             w = self._shared[1].weight
+            check_vocab_range(self.draft_vocab, w.shape[0])
             self.draft_vocab = self.draft_vocab.to(w.device)
             self._draft_lm_head = rows_of(w, self.draft_vocab)
 

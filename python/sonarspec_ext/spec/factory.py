@@ -119,7 +119,7 @@ def make_proposer(spec: SpecConfig, draft_dir: Optional[str], target, planner, n
                   dtype, device, draft_sampling: bool = False) -> Proposer:
     if spec.method == "ngram":
         return NgramProposer(spec.num_draft_tokens)
-    if draft_dir is None:
+    if spec.method == "none":
         return NoProposer()
     quantization = drafter_quantization(spec.quantization, draft_dir, target)
     if spec.method == "draft_target":
@@ -131,8 +131,6 @@ def make_proposer(spec: SpecConfig, draft_dir: Optional[str], target, planner, n
         return EagleTreeProposer(head, spec.num_draft_tokens, spec.tree_top_k or TREE_TOP_K,
                                  spec.tree_num_nodes or TREE_NUM_NODES, planner, num_pages, page_size, dtype, device,
                                  paths=spec.tree_paths)
-    if spec.method == "mtp":
-        head = load_mtp_head(draft_dir, target, dtype, device, quantization=quantization)
-        return MTPProposer(head, spec.num_draft_tokens, planner, num_pages, page_size, dtype, device,
-                           sample_drafts=draft_sampling)
-    return NoProposer()
+    head = load_mtp_head(draft_dir, target, dtype, device, quantization=quantization)   # "mtp"
+    return MTPProposer(head, spec.num_draft_tokens, planner, num_pages, page_size, dtype, device,
+                       sample_drafts=draft_sampling)
