@@ -119,13 +119,16 @@ def test_tree_cascade_equals_full_masked_attention(nodes, prefix):
         ops.paged_attention(*args, D ** -0.5, tree_begin, None)
 
 
-@pytest.mark.parametrize("H,Hkv,prefix,block", [(9, 3, 3000, 5), (4, 4, 700, 8), (32, 2, 40, 3), (6, 3, 515, 17)])
+@pytest.mark.parametrize("H,Hkv,prefix,block", [(9, 3, 3000, 5), (4, 4, 700, 8), (32, 2, 40, 3), (6, 3, 515, 17),
+                                                 (9, 3, 500, 17), (3, 1, 1020, 9)])
 @pytest.mark.parametrize("tree", [False, True])
 def test_a_token_reads_the_same_bits_alone_or_in_a_block(H, Hkv, prefix, block, tree):
     """Tokens of one sequence in one step (a verification block: causal key ends, or a
     tree block: one prefix plus ancestor bits) share their key reads; every token's output
     is the same bits as the token attended alone, at contexts that split its keys into
-    several parallel runs too, and equals the float64 reference."""
+    several parallel runs too - also where the block's key counts straddle a split
+    boundary (512 and 1024 keys), so that its tokens have different numbers of runs - and
+    equals the float64 reference."""
     g = torch.Generator().manual_seed(H * prefix + block)
     D, ps = 64, 16
     L = prefix + block + 1

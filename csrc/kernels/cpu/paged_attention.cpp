@@ -167,16 +167,22 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
     const float* qs[kMaxGroup];
     float* o[kMaxGroup];
     float m[kMaxGroup], l[kMaxGroup];
+    // A token with fewer splits than this item's index has no keys here and keeps its
+    // results untouched (its chunks all lie before `first`, so the common loop is empty).
+    thread_local std::vector<float> idle;
+    idle.resize(static_cast<size_t>(kMaxGroup * head_dim));
     int64_t common = INT64_MAX;   // chunks every token has in full in its prefix
     for (int a = 0; a < task.nt; ++a) {
       const int64_t t = task.tokens[a];
+      const bool here = keys[t].splits > it.split;
       common = std::min(common, keys[t].prefix / kChunk);
       for (int g = 0; g < gn; ++g) {
         const int r = a * gn + g;
         const int64_t h = it.kvh * group + it.g0 + g;
         qs[r] = q + (t * num_heads + h) * head_dim;
-        o[r] = keys[t].splits > 1 ? partial.data() + ((t * num_heads + h) * max_splits + it.split) * state + 2
-                                  : out + (t * num_heads + h) * head_dim;
+        o[r] = !here ? idle.data() + r * head_dim
+               : keys[t].splits > 1 ? partial.data() + ((t * num_heads + h) * max_splits + it.split) * state + 2
+                                    : out + (t * num_heads + h) * head_dim;
         std::fill(o[r], o[r] + head_dim, 0.f);
         m[r] = -INFINITY;
         l[r] = 0.f;
@@ -209,6 +215,7 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
       }
     }
     for (int a = 0; a < task.nt; ++a) {
+      if (keys[task.tokens[a]].splits <= it.split) continue;
       for (int g = 0; g < gn; ++g) {
         const int r = a * gn + g;
         if (keys[task.tokens[a]].splits > 1) {
