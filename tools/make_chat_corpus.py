@@ -81,6 +81,9 @@ def main() -> None:
             convs = [[{"role": "user", "content": p["prompt"]}] for p, _ in chunk]
             outs = llm.chat(convs, [params_for(p, m, args.max_tokens) for p, m in chunk])
             for (p, mode), conv, out in zip(chunk, convs, outs):
+                if out.finish_reason == "error":   # not written: a later run retries it
+                    print(f"prompt {p['id']} ({mode}) failed: {out.error}", file=sys.stderr)
+                    continue
                 prompt = llm.chat_prompt(conv)
                 end = eot.get(out.token_ids[-1], "") if out.finish_reason == "stop" else ""
                 fh.write(json.dumps({
