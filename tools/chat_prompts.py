@@ -29,6 +29,15 @@ STDLIB_MODULES = [
     "queue", "random", "re", "secrets", "shlex", "shutil", "signal", "socket", "sqlite3", "statistics",
     "string", "struct", "subprocess", "tempfile", "textwrap", "threading", "time", "timeit", "typing",
     "unicodedata", "urllib.parse", "uuid", "weakref", "zipfile", "zlib",
+    "ast", "asyncio", "binascii", "bz2", "cmath", "codecs", "colorsys", "concurrent.futures", "configparser",
+    "contextvars", "copyreg", "cProfile", "dis", "email.message", "email.utils", "errno", "faulthandler",
+    "fileinput", "ftplib", "getopt", "getpass", "gettext", "graphlib", "gzip", "html.parser", "http.server",
+    "importlib", "importlib.resources", "inspect", "keyword", "linecache", "locale", "lzma", "mailbox",
+    "marshal", "multiprocessing", "netrc", "numbers", "optparse", "pkgutil", "plistlib", "pstats", "pydoc",
+    "quopri", "reprlib", "runpy", "sched", "select", "selectors", "shelve", "smtplib", "ssl", "stat",
+    "symtable", "sys", "sysconfig", "tarfile", "token", "tokenize", "tomllib", "trace", "traceback",
+    "tracemalloc", "types", "unittest", "urllib.error", "urllib.request", "venv", "warnings", "wave",
+    "webbrowser", "xml.dom.minidom", "xml.etree.ElementTree", "zipapp", "zoneinfo",
 ]
 
 TOPICS = [
@@ -42,6 +51,24 @@ TOPICS = [
     "democracy", "nutrition", "marathon training", "origami", "bread baking", "the solar system",
     "artificial intelligence ethics", "urban planning", "bicycles", "libraries", "dinosaurs", "rainbows",
     "the Silk Road", "video games", "open source software", "mountains", "penguins", "trains",
+    "the Industrial Revolution", "antibiotics", "coral reefs", "the theory of evolution", "Ancient Egypt",
+    "nuclear power", "wind turbines", "the blockchain", "compound interest", "the periodic table",
+    "the Cold War", "the human heart", "migrating birds", "glaciers", "the Amazon river", "hurricanes",
+    "the scientific method", "impressionist painting", "Shakespeare", "the violin", "photography", "film noir",
+    "the printing of money", "supply and demand", "remote work", "job interviews", "saving money", "cooking rice",
+    "composting", "house plants", "dogs", "cats", "octopuses", "elephants", "wolves", "mushrooms", "tea",
+    "chocolate", "cheese making", "the metric system", "prime numbers", "the Pythagorean theorem", "infinity",
+    "probability", "statistics", "calculus", "gravity", "magnets", "light", "sound waves", "the speed of light",
+    "relativity", "atoms", "the Big Bang", "Mars", "exoplanets", "satellites", "GPS", "the telephone",
+    "smartphones", "social media", "email etiquette", "password security", "phishing", "databases",
+    "operating systems", "compilers", "version control", "unit testing", "code review", "technical debt",
+    "microservices", "web browsers", "search engines", "robotics", "self-driving cars", "3D printing",
+    "renewable energy", "water purification", "deserts", "the Arctic", "the Himalayas", "the Sahara",
+    "ancient Greece", "the Vikings", "the Maya civilization", "the Ottoman Empire", "the Meiji era",
+    "the civil rights movement", "the United Nations", "elections", "taxes", "insurance", "mortgages",
+    "first aid", "exercise", "yoga", "running shoes", "swimming", "football", "basketball", "tennis",
+    "camping", "hiking safety", "packing for a trip", "writing a resume", "negotiation", "leadership",
+    "teamwork", "procrastination", "habits", "creativity", "poetry", "novels", "mythology", "fairy tales",
 ]
 
 TASKS = [
@@ -57,6 +84,14 @@ TASKS = [
     "What is a common misconception about {t}?",
     "Describe {t} in exactly three sentences.",
     "Write a short dialogue between two friends discussing {t}.",
+    "Write a short poem about {t}.",
+    "How would you teach a beginner about {t}? Give a step-by-step plan.",
+    "Give me a list of five key terms related to {t}, with a one-line definition each.",
+    "Write a persuasive paragraph about why people should learn about {t}.",
+    "Compare {t} with something from everyday life.",
+    "Write a tweet about {t}.",
+    "What is the history of {t}, in brief?",
+    "Write a multiple-choice quiz question about {t}, with the answer.",
 ]
 
 CODE_TASKS = [
@@ -76,6 +111,30 @@ CODE_TASKS = [
     "Write a Python function that checks whether two strings are anagrams.",
     "How does binary search work? Write it in Python.",
     "Write a Rust function that sums a vector of integers.",
+    "Write a Python function that flattens a nested list.",
+    "How do I merge two dictionaries in Python?",
+    "Write a Python script that downloads a web page and counts its words.",
+    "Explain the difference between a process and a thread.",
+    "Write a function in JavaScript that deep-copies an object.",
+    "How do I handle exceptions in Python? Show examples.",
+    "Write a Python class that represents a bank account.",
+    "Write a Python function that validates an email address with a regular expression.",
+    "Explain recursion with an example in Python.",
+    "Write a Go function that reverses a string.",
+    "What does `async` and `await` do in Python?",
+    "Write a Python function that computes the Fibonacci numbers with memoization.",
+    "Write a SQL query that finds duplicate rows in a table.",
+    "How do I write a unit test with pytest?",
+    "Explain what a hash table is and how it works.",
+    "Write a Java method that checks whether a number is prime.",
+    "Write a Python function that reads a CSV file and computes the average of a column.",
+    "What is the difference between `==` and `is` in Python?",
+    "Write a C++ function that sorts a vector of strings by length.",
+    "How do I create a virtual environment in Python?",
+    "Write a Python function that merges two sorted lists.",
+    "Explain what a REST API is.",
+    "Write a regular expression that matches a date like 2024-01-31 and explain it.",
+    "Write a Python function that counts the frequency of each word in a text.",
 ]
 
 
@@ -95,6 +154,9 @@ def humaneval_prompts() -> List[Dict]:
             out.append({"source": "humaneval",
                         "prompt": "Complete the following Python function:\n\n```python\n"
                                   f"{problem['prompt'].strip()}\n```"})
+            code = problem["prompt"] + problem["canonical_solution"]
+            out.append({"source": "humaneval",
+                        "prompt": f"Explain what this Python code does:\n\n```python\n{code.strip()}\n```"})
     return out
 
 
