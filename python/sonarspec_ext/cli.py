@@ -127,7 +127,8 @@ def _train_mtp(args) -> int:
                       checkpoint_every=args.eval_every, warmup=min(50, max(1, args.max_steps // 10)))
     info = train_mtp(resolve(args.target, "target"), args.data, args.out, args.work, args.layout, args.seq_len,
                      args.max_windows, args.feature_dtype, args.formats, args.exclude, args.resume, cfg=cfg,
-                     draft_vocab_size=args.draft_vocab, export_dtype=args.export_dtype)
+                     draft_vocab_size=args.draft_vocab, export_dtype=args.export_dtype,
+                     quantization=args.quantization, init_from=args.init_from)
     print(f"head written to {args.out} ({info['num_params']} parameters)")
     return 0
 
@@ -157,6 +158,10 @@ def _add_train_mtp(sub) -> None:
     t.add_argument("--draft-vocab", type=int, default=0,
                    help="propose only the N most frequent training tokens, and train the cross-entropy over them "
                         "(cheaper drafting and training; 0: all)")
+    t.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,
+                   help="the target as the feature pass and the engine validation load it (as served: auto keeps "
+                        "a GGUF file's blocks)")
+    t.add_argument("--init-from", default=None, help="a head directory (same layout) to start from: fine-tuning")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--resume", action="store_true")
     t.set_defaults(func=_train_mtp)

@@ -184,3 +184,32 @@ def test_train_mtp_short_windows_on_a_compact_target_and_a_file_as_out(tmp_path)
     rc = main(["train-mtp", "--data", str(corpus), "--out", str(tmp_path / "h64"), "--max-steps", "2",
                "--seq-len", "64", "--max-windows", "8", "--eval-every", "1", "--batch-size", "2"])
     assert rc == 0 and os.path.isfile(tmp_path / "h64" / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_features_of_the_served_quantization_and_a_warm_start(llama_dir, heads, tmp_path):
+    """``quantization``: the feature pass and the engine validation run the target as
+    loaded with it (features equal a pass over the quantized model, not the float one);
+    ``init_from`` starts from a saved head: at learning rate 0 the export is that head."""
+    from sonarspec_ext.models.mtp_loader import read_mtp_head
+    from sonarspec_ext.train.train_mtp import train_mtp
+    corpus, out, work = _corpus(tmp_path), tmp_path / "head", tmp_path / "work"
+    cfg = TrainConfig(max_steps=1, batch_size=2, lr=0.0, warmup=1, eval_every=1, checkpoint_every=1, eval_windows=2)
+    info = train_mtp(llama_dir, [str(corpus)], str(out), str(work), seq_len=32, max_windows=6, cfg=cfg,
+                     feature_dtype="float32", quantization="q8_0", init_from=heads["trained"],
+                     validate_prompts=2, validate_tokens=8, **QUIET)
+    assert info["target_quantization"] == "q8_0" and info["engine_validation"]["equal_to_plain_decoding"]
+    stored = FeatureSet(str(work / "features" / "train"))
+    win = stored.tokens.numpy()
+    for quant, same in (("q8_0", True), ("none", False)):
+        compute_features(load_model(llama_dir, quantization=quant), win, str(tmp_path / quant), "fp", "tok",
+                         "float32", **QUIET)
+        assert torch.equal(FeatureSet(str(tmp_path / quant)).hidden, stored.hidden) == same, quant
+    target = load_model(llama_dir)
+    start, got = (read_mtp_head(p, target.config, compact_weights=False) for p in (heads["trained"], str(out)))
+    for (n, a), (_, b) in zip(start.state_dict().items(), got.state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=n)
+    with pytest.raises(ValueError, match="the head has the rmsnorm layout, this run trains eagle1"):
+        train_mtp(llama_dir, [str(corpus)], str(tmp_path / "h2"), str(work), layout="eagle1", seq_len=32,
+                  max_windows=6, cfg=cfg, feature_dtype="float32", quantization="q8_0",
+                  init_from=heads["trained"], **QUIET)

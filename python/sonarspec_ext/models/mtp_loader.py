@@ -94,13 +94,10 @@ def head_config(path: str, target_cfg: ModelConfig) -> Tuple[ModelConfig, str, O
     return cfg, fmt, layer, layout
 
 
-def load_mtp_head(path: str, target, dtype="float32", device="cpu", compact_weights: bool = True,
-                  quantization: str = "none") -> MTPHead:
-    """Loads the head in ``path`` (any supported layout) and binds it to ``target``;
-    ``compact_weights`` as in ``models.loader.load_model``; ``quantization``: "none" or
-    "auto" (float heads stay float), or a block format for its input projection and layer
-    (the lm_head rows are the target's, in the target's format)."""
-    cfg, fmt, layer, layout = head_config(path, target.config)
+def read_mtp_head(path: str, target_cfg: ModelConfig, dtype="float32", compact_weights: bool = True) -> MTPHead:
+    """The head stored in ``path`` (any supported layout) on the CPU, as trained: unbound,
+    projections unfused; ``compact_weights`` as in ``models.loader.load_model``."""
+    cfg, fmt, layer, layout = head_config(path, target_cfg)
     torch_dtype = parse_dtype(dtype)
     with torch.device("meta"):
         head = MTPHead(cfg, layout)
@@ -110,8 +107,8 @@ def load_mtp_head(path: str, target, dtype="float32", device="cpu", compact_weig
         raise CheckpointError(f"{path}: DeepSeek MTP layer {layer} has no self_attn.q_proj; only Llama-style "
                               f"decoder blocks are supported (not MLA / MoE)")
     shapes = {keys[n]: p.shape for n, p in head.named_parameters()}
-    _check_shared(path, fmt, layer, files, target.config)
-    compact = compact_weights and torch_dtype == torch.float32 and torch.device(device).type == "cpu"
+    _check_shared(path, fmt, layer, files, target_cfg)
+    compact = compact_weights and torch_dtype == torch.float32
     state = load_state(path, shapes, torch_dtype, keep_bf16_matrices=compact)
     head.load_state_dict({n: state[k] for n, k in keys.items()}, strict=True, assign=True)
     if fmt == "sonarspec" and DRAFT_VOCAB in files:
@@ -120,7 +117,17 @@ def load_mtp_head(path: str, target, dtype="float32", device="cpu", compact_weig
         head.set_draft_vocab(vocab)
     head.rotary = head.rotary.__class__(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                         cfg.rope_scaling)
-    head = head.to(device).eval().requires_grad_(False)
+    return head
+
+
+def load_mtp_head(path: str, target, dtype="float32", device="cpu", compact_weights: bool = True,
+                  quantization: str = "none") -> MTPHead:
+    """Loads the head in ``path`` (any supported layout) and binds it to ``target``;
+    ``compact_weights`` as in ``models.loader.load_model``; ``quantization``: "none" or
+    "auto" (float heads stay float), or a block format for its input projection and layer
+    (the lm_head rows are the target's, in the target's format)."""
+    compact = compact_weights and torch.device(device).type == "cpu"
+    head = read_mtp_head(path, target.config, dtype, compact).to(device).eval().requires_grad_(False)
     quant = resolve_quantization(quantization, path, device, dtype)
     if quant not in ("none", "file"):
         for module in head.modules():

@@ -12,9 +12,9 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..models.loader import checkpoint_fingerprint, load_model, load_tokenizer
+from ..models.loader import checkpoint_fingerprint, load_model, load_tokenizer, resolve_quantization
 from ..models.mtp import MTPHead
-from ..models.mtp_loader import save_mtp_head
+from ..models.mtp_loader import read_mtp_head, save_mtp_head
 from .data import read_corpus, tokenize, windows
 from .features import FeatureSet, compute_features
 from .mtp_train import TrainConfig, train_head
@@ -57,16 +57,18 @@ def export_head(head: MTPHead, out: str, fmt: str, target_num_layers: int, info:
 
 
 def validate_in_engine(target_dir: str, head_dir: str, prompts: List[List[int]], k: int, max_tokens: int,
-                       method: str = "mtp") -> dict:
+                       method: str = "mtp", quantization: str = "auto") -> dict:
     """Greedy speculative decoding (``method``: an MTP head, or a draft model with
-    "draft_target") of held-out prompts through the engine -> acceptance per draft position
-    and tau, checked token for token against plain decoding."""
+    "draft_target") of held-out prompts through the engine (the target loaded with
+    ``quantization``) -> acceptance per draft position and tau, checked token for token
+    against plain decoding."""
     from ..llm import LLM
     from ..params import SamplingParams, SpecConfig
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    llm = LLM(target_dir, spec=SpecConfig(method=method, draft=head_dir, num_draft_tokens=k))
+    llm = LLM(target_dir, spec=SpecConfig(method=method, draft=head_dir, num_draft_tokens=k),
+              quantization=quantization)
     got = [o.token_ids for o in llm.generate(prompts, params)]
-    plain = [o.token_ids for o in LLM(target_dir).generate(prompts, params)]
+    plain = [o.token_ids for o in LLM(target_dir, quantization=quantization).generate(prompts, params)]
     s = llm.stats()
     return {"method": method, "num_draft_tokens": k, "num_prompts": len(prompts), "max_tokens": max_tokens,
             "accepted_per_position": s["accepted_per_position"], "tau": s["acceptance_length"],
@@ -84,7 +86,12 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
               seq_len: int = 256, max_windows: int = 2000, feature_dtype: str = "bfloat16",
               formats: Sequence[str] = ("sonarspec",), exclude: Sequence[str] = (), resume: bool = False,
               validate_prompts: int = 16, validate_tokens: int = 64, cfg: Optional[TrainConfig] = None,
-              draft_vocab_size: int = 0, export_dtype: str = "float32", log=print) -> dict:
+              draft_vocab_size: int = 0, export_dtype: str = "float32", quantization: str = "auto",
+              init_from: Optional[str] = None, log=print) -> dict:
+    """``quantization``: how the target is loaded for the feature pass and the engine
+    validation (``LLM``'s option; the head learns the features of the target as it is
+    served); the frozen embedding and lm_head the head trains against are float.
+    ``init_from``: a head directory of the same layout to start from (fine-tuning)."""
     cfg = cfg or TrainConfig()
     bad = [f for f in formats if f not in EXPORT_FORMATS]
     if bad:
@@ -96,6 +103,8 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     work = work or out.rstrip("/") + ".work"
     torch.manual_seed(cfg.seed)
     target = load_model(target_dir)
+    quant = resolve_quantization(quantization, target_dir)
+    feature_target = target if quant == "none" else load_model(target_dir, quantization=quantization)
     tokenizer = load_tokenizer(target_dir)
     train_txt, val_txt = read_corpus(data, exclude)
     eot = tokenizer.eos_token_id
@@ -104,13 +113,22 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     log(f"data: {len(train_txt)} train / {len(val_txt)} validation documents -> "
         f"{len(train_win)} / {len(val_win)} windows of {seq_len} tokens")
     fp, tok_fp = checkpoint_fingerprint(target_dir), tokenizer.fingerprint()
+    feature_fp = fp if quant == "none" else f"{fp}-{quant}"   # features of the quantized target differ
     for name, win in (("train", train_win), ("val", val_win)):
-        compute_features(target, win, os.path.join(work, "features", name), fp, tok_fp, feature_dtype, log=log)
-    train_fs = FeatureSet(os.path.join(work, "features", "train"), fp)
-    val_fs = FeatureSet(os.path.join(work, "features", "val"), fp)
+        compute_features(feature_target, win, os.path.join(work, "features", name), feature_fp, tok_fp,
+                         feature_dtype, log=log)
+    del feature_target
+    train_fs = FeatureSet(os.path.join(work, "features", "train"), feature_fp)
+    val_fs = FeatureSet(os.path.join(work, "features", "val"), feature_fp)
     head_cfg = copy.deepcopy(target.config)
     head_cfg.num_hidden_layers = 1
     head = MTPHead(head_cfg, layout).bind(target)
+    if init_from:
+        start = read_mtp_head(init_from, target.config, compact_weights=False)
+        if start.layout != layout:
+            raise ValueError(f"{init_from}: the head has the {start.layout} layout, this run trains {layout}")
+        head.load_state_dict(start.state_dict())
+        log(f"starting from the head in {init_from}")
     ids = coverage = None
     if draft_vocab_size:   # the head proposes from these tokens only, so it is trained over them
         ids, coverage = frequent_tokens(train_win, target.config.vocab_size, draft_vocab_size)
@@ -119,7 +137,8 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     head.eval()
     if ids is not None:
         head.set_draft_vocab(ids)
-    info = {"target_fingerprint": fp, "tokenizer_fingerprint": tok_fp, "layout": layout, "data": list(data),
+    info = {"target_fingerprint": fp, "target_quantization": quant, "init_from": init_from,
+            "tokenizer_fingerprint": tok_fp, "layout": layout, "data": list(data),
             "seq_len": seq_len, "train_windows": len(train_win), "val_windows": len(val_win),
             "train": history["config"], "final_val": history["val"][-1] if history["val"] else None,
             "num_params": sum(p.numel() for p in head.parameters()),
@@ -131,7 +150,8 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
             export_head(head, f"{out.rstrip('/')}-{fmt}", fmt, target.config.num_hidden_layers, info, export_dtype)
     prompts = [w[:32].tolist() for w in val_win[:validate_prompts]]
     if prompts:
-        info["engine_validation"] = validate_in_engine(target_dir, out, prompts, max(3, cfg.unroll), validate_tokens)
+        info["engine_validation"] = validate_in_engine(target_dir, out, prompts, max(3, cfg.unroll), validate_tokens,
+                                                       quantization=quantization)
         log("engine validation: acceptance per position "
             + " ".join(f"{a:.3f}" for a in info["engine_validation"]["accepted_per_position"])
             + f", tau {info['engine_validation']['tau']:.3f}")
