@@ -1,4 +1,4 @@
-"""Block-quantized GEMMs (Q8_0, Q4_0, Q4_1) against gguf's own quantizer and dequantizer:
+"""Block-quantized GEMMs (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) against gguf's own quantizer and dequantizer:
 the packing is a lossless byte permutation, and each product equals a float64 reference of
 (gguf-dequantized weights) x (the activations rounded per block of 32 to int8 by the stated
 rule) to float32 rounding; rows never depend on the row count, the thread count or the
@@ -16,9 +16,17 @@ import torch
 from sonarspec_ext import _C
 from sonarspec_ext.ops.elementwise import silu_and_mul
 from sonarspec_ext.ops.linear import kernel_linear, kernel_mlp
-from sonarspec_ext.ops.quantized import QUANTIZED_FORMATS, QuantizedMatrix
+from sonarspec_ext.ops.quantized import K_QUANTS, QUANTIZED_FORMATS, QuantizedMatrix, block_columns
 
 FORMATS = list(QUANTIZED_FORMATS)
+# the float16 fields of each GGUF block (scales, offsets) and a magnitude giving weights ~0.1
+_HALVES = {"q8_0": ([0], 0.005), "q4_0": ([0], 0.02), "q4_1": ([0, 2], 0.02), "q4_k": ([0, 2], 0.001),
+           "q6_k": ([208], 0.0005)}
+
+
+def cols(fmt: str, k: int) -> int:
+    """k for formats with blocks of 32; for the K-quants a multiple of 256 near it."""
+    return k if block_columns(fmt) == 32 else 256 * (k // 128 + 1)
 
 
 def int8_rows(x: np.ndarray) -> np.ndarray:
@@ -33,18 +41,29 @@ def int8_rows(x: np.ndarray) -> np.ndarray:
 
 
 def random_blocks(fmt: str, n: int, k: int, rng) -> np.ndarray:
-    """Arbitrary GGUF blocks (every quant value, random finite float16 scales): beyond what
-    the quantizer writes, e.g. Q8_0's -128."""
-    _, _, bpb, hdr = {"q8_0": (0, 0, 34, 2), "q4_0": (0, 0, 18, 2), "q4_1": (0, 0, 20, 4)}[fmt]
-    b = rng.integers(0, 256, size=(n, k // 32, bpb), dtype=np.uint8)
-    scales = rng.normal(0, 0.05, size=(n, k // 32, hdr // 2)).astype(np.float16)
-    b[..., :hdr] = scales.view(np.uint8).reshape(n, k // 32, hdr)
+    """Arbitrary GGUF blocks (every quant and scale byte value, random finite float16
+    fields): beyond what a quantizer writes, e.g. Q8_0's -128."""
+    qtype = gguf.GGMLQuantizationType[fmt.upper()]
+    cols_per_block, bpb = gguf.GGML_QUANT_SIZES[qtype]
+    nb = k // cols_per_block
+    b = rng.integers(0, 256, size=(n, nb, bpb), dtype=np.uint8)
+    halves, magnitude = _HALVES[fmt]
+    for at in halves:
+        b[..., at:at + 2] = rng.normal(0, magnitude, size=(n, nb)).astype(np.float16).view(np.uint8).reshape(n, nb, 2)
     return b.reshape(n, -1)
+
+
+def sample_matrix(fmt: str, n: int, k: int, seed: int) -> QuantizedMatrix:
+    """gguf's quantization of a random matrix; random K-quant blocks (gguf has no K quantizer)."""
+    if fmt in K_QUANTS:
+        return QuantizedMatrix.from_blocks(random_blocks(fmt, n, k, np.random.default_rng(seed)), fmt, k)
+    return QuantizedMatrix.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)), fmt)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n,k", [(1, 32), (17, 64), (50, 96), (33, 576), (130, 160)])
 def test_packing_round_trips_and_dequantizes_as_gguf(fmt, n, k):
+    k = cols(fmt, k)
     rng = np.random.default_rng([n, k])
     blocks = random_blocks(fmt, n, k, rng)
     qm = QuantizedMatrix.from_blocks(blocks, fmt, k)
@@ -59,26 +78,27 @@ def test_packing_round_trips_and_dequantizes_as_gguf(fmt, n, k):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("m,n,k", [(1, 17, 64), (3, 50, 96), (8, 33, 576), (9, 40, 128), (70, 24, 32)])
 def test_gemm_matches_float64_reference(fmt, m, n, k):
+    k = cols(fmt, k)
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     rng = np.random.default_rng([m, n, k])
-    for qm in (QuantizedMatrix.quantize(torch.randn(n, k, generator=g), fmt),
-               QuantizedMatrix.from_blocks(random_blocks(fmt, n, k, rng), fmt, k)):
+    for qm in (sample_matrix(fmt, n, k, m + n), QuantizedMatrix.from_blocks(random_blocks(fmt, n, k, rng), fmt, k)):
         x = torch.randn(m, k, generator=g) * 2
         bias = torch.randn(n, generator=g)
         y = kernel_linear(x, qm, bias)
         w = qm.dequantize().double().numpy()
         xr = int8_rows(x.numpy())
         ref = xr @ w.T + bias.double().numpy()
-        # float32 accumulation over k / 32 block terms, each exact up to one rounding of its scale
+        # float32 accumulation over k / 16 (Q6_K) or k / 32 sub-block terms, each exact up to
+        # the roundings of its scale products
         scale = np.abs(xr) @ np.abs(w).T + np.abs(bias.double().numpy())
         err = np.abs(y.double().numpy() - ref)
-        assert (err <= 2e-6 * (k // 32 + 2) * scale + 1e-30).all(), err.max()
+        assert (err <= 2e-6 * (k // 16 + 2) * scale + 1e-30).all(), err.max()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_rows_do_not_depend_on_row_or_thread_count(fmt):
     g = torch.Generator().manual_seed(7)
-    qm = QuantizedMatrix.quantize(torch.randn(200, 256, generator=g), fmt)
+    qm = sample_matrix(fmt, 200, 256, 7)
     x = torch.randn(70, 256, generator=g)
     alone = torch.cat([kernel_linear(x[i:i + 1], qm) for i in range(70)])
     prev = torch.get_num_threads()
@@ -94,9 +114,9 @@ def test_rows_do_not_depend_on_row_or_thread_count(fmt):
 def test_mlp_equals_its_gemms():
     g = torch.Generator().manual_seed(3)
     for fmt in FORMATS:
-        gu = QuantizedMatrix.quantize(torch.randn(2 * 96, 64, generator=g), fmt)
-        down = QuantizedMatrix.quantize(torch.randn(64, 96, generator=g), fmt)
-        x = torch.randn(5, 64, generator=g)
+        hidden, inter = cols(fmt, 64), cols(fmt, 96)
+        gu, down = sample_matrix(fmt, 2 * inter, hidden, 1), sample_matrix(fmt, hidden, inter, 2)
+        x = torch.randn(5, hidden, generator=g)
         ref = kernel_linear(silu_and_mul(kernel_linear(x, gu)), down)
         assert torch.equal(kernel_mlp(x, gu, down), ref)
 
@@ -132,6 +152,16 @@ quants[1::2, :, 1::3] = 127
 x = torch.where(torch.rand(6, 64, generator=g) < 0.5, -1.0, 1.0)
 y = kernel_linear(x, QuantizedMatrix.from_blocks(blocks.reshape(24, 68), "q8_0", 64))
 out["q8_0 extremes"] = y.view(torch.int32).flatten().tolist()
+# K-quants: every scale and quant byte value, 1 to 9 activation rows
+rng = np.random.default_rng(5)
+for fmt, bpb in (("q4_k", 144), ("q6_k", 210)):
+    for m, n, k in ((1, 37, 256), (5, 40, 512), (9, 23, 768)):
+        b = rng.integers(0, 256, size=(n, k // 256, bpb), dtype=np.uint8)
+        for at in ((0, 2) if fmt == "q4_k" else (208,)):
+            b[..., at:at + 2] = rng.normal(0, 1e-3, size=(n, k // 256)).astype(np.float16).view(np.uint8).reshape(n, -1, 2)
+        qm = QuantizedMatrix.from_blocks(b.reshape(n, -1), fmt, k)
+        y = kernel_linear(torch.randn(m, k, generator=g) * 3, qm)
+        out[f"{fmt} {m}x{n}x{k}"] = y.view(torch.int32).flatten().tolist()
 print(json.dumps(out))
 """
 
@@ -167,7 +197,7 @@ def test_every_kernel_gives_the_portable_bits():
 def test_bad_shapes_and_formats_raise():
     with pytest.raises(ValueError, match="multiple of 32"):
         QuantizedMatrix.quantize(torch.randn(4, 48), "q8_0")
-    with pytest.raises(ValueError, match="unknown quantized format"):
+    with pytest.raises(ValueError, match="cannot quantize to 'q3_k'"):
         QuantizedMatrix.quantize(torch.randn(4, 64), "q3_k")
     with pytest.raises(ValueError, match="uint8 bytes"):
         QuantizedMatrix(torch.zeros(10, dtype=torch.uint8), "q4_0", (16, 64))
@@ -182,5 +212,11 @@ def test_bad_shapes_and_formats_raise():
         _C.small_gemm(0, 0, 0, 0, 1, 1, 32, 1, 9)
     with pytest.raises(ValueError, match="multiple of 32"):
         _C.quant_packed_bytes(2, 16, 48)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        QuantizedMatrix(torch.zeros(10, dtype=torch.uint8), "q4_k", (16, 128))
+    with pytest.raises(ValueError, match="cannot quantize to 'q6_k'"):
+        QuantizedMatrix.quantize(torch.randn(4, 256), "q6_k")
+    with pytest.raises(ValueError, match="in_features must be a positive multiple of 256"):
+        _C.small_gemm(0, 0, 0, 0, 1, 1, 128, 1, 5)
     with pytest.raises(ValueError, match="n >= 1"):
         _C.quant_packed_bytes(2, -16, 64)

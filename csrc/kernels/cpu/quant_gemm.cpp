@@ -42,14 +42,14 @@ Kernel kernel_here() {
 }
 
 bool is_quantized(WeightFormat f) {
-  return f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1;
+  return f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1 || is_k_quant(f);
 }
 
 // Per-thread storage of one call's quantized activations.
 struct RowBuffers {
   std::vector<int8_t> q;
   std::vector<float> d, ds;
-  std::vector<int32_t> s;
+  std::vector<int32_t> s, s16;
 };
 
 QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, RowBuffers& buf) {
@@ -58,12 +58,14 @@ QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, RowBuffers& bu
   buf.d.resize(static_cast<size_t>(m * kb));
   buf.ds.resize(static_cast<size_t>(m * kb));
   buf.s.resize(static_cast<size_t>(m * kb));
+  buf.s16.resize(static_cast<size_t>(2 * m * kb));
   const auto quantize = kernel_here() == Kernel::kVnni ? quantize_blocks_vnni : quantize_blocks_scalar;
-  quantize(x, m * kb, buf.q.data(), buf.d.data(), buf.s.data(), buf.ds.data());
+  quantize(x, m * kb, buf.q.data(), buf.d.data(), buf.s.data(), buf.s16.data(), buf.ds.data());
   QuantizedRows r;
   r.q = buf.q.data();
   r.d = buf.d.data();
   r.s = buf.s.data();
+  r.s16 = buf.s16.data();
   r.ds = buf.ds.data();
   r.k = k;
   r.kb = kb;
@@ -72,7 +74,8 @@ QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, RowBuffers& bu
 
 }  // namespace
 
-void quantize_blocks_scalar(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, float* ds) {
+void quantize_blocks_scalar(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, int32_t* s16,
+                            float* ds) {
   for (int64_t i = 0; i < num_blocks; ++i) {
     const float* src = x + i * 32;
     float amax = 0.f;
@@ -84,21 +87,73 @@ void quantize_blocks_scalar(const float* x, int64_t num_blocks, int8_t* q, float
     if (nan) amax = NAN;   // a NaN input makes its block's outputs NaN
     const float di = amax / 127.f;
     const float inv = di != 0.f ? 1.f / di : 0.f;
-    int32_t sum = 0;
+    int32_t half[2] = {0, 0};
     for (int t = 0; t < 32; ++t) {
       const float v = std::nearbyint(src[t] * inv);
       const int32_t iv = std::isnan(v) ? 0 : static_cast<int32_t>(std::min(127.f, std::max(-127.f, v)));
       q[i * 32 + t] = static_cast<int8_t>(iv);
-      sum += iv;
+      half[t / 16] += iv;
     }
+    const int32_t sum = half[0] + half[1];
     d[i] = di;
     s[i] = sum;
+    s16[2 * i] = half[0];
+    s16[2 * i + 1] = half[1];
     ds[i] = di * static_cast<float>(sum);
+  }
+}
+
+void k_quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
+                         int64_t n_begin, int64_t n_end) {
+  const int64_t bb = quant_block_bytes(f), nsb = x.k / 256;
+  for (int64_t j = n_begin; j < n_end; ++j) {
+    const uint8_t* group = w + (j / 16) * nsb * bb;
+    const int64_t lane = j % 16;
+    for (int64_t i = 0; i < m; ++i) {
+      float acc = 0.f;
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        const uint8_t* blk = group + sb * bb;
+        const int8_t* xq = x.q + i * x.k + sb * 256;
+        const int64_t b0 = i * x.kb + sb * 8;   // the super-block's first activation block
+        const float d = half_to_float(reinterpret_cast<const uint16_t*>(blk)[lane]);
+        if (f == WeightFormat::kQ4_K) {
+          const float dmin = half_to_float(reinterpret_cast<const uint16_t*>(blk + 32)[lane]);
+          uint8_t bytes[12];
+          for (int p = 0; p < 12; ++p) bytes[p] = blk[kQ4kScales + 32 * (p / 2) + 2 * lane + p % 2];
+          for (int sub = 0; sub < 8; ++sub) {
+            int32_t sc, mn, isum = 0;
+            q4k_scale_min(bytes, sub, &sc, &mn);
+            for (int c = 0; c < 8; ++c)
+              for (int t = 0; t < 4; ++t) {
+                const uint8_t byte = blk[kQ4kQuants + 64 * (8 * (sub / 2) + c) + 4 * lane + t];
+                isum += ((sub % 2 ? byte >> 4 : byte) & 0x0f) * xq[32 * sub + 4 * c + t];
+              }
+            acc = std::fma(static_cast<float>(isum), (d * static_cast<float>(sc)) * x.d[b0 + sub], acc);
+            acc = std::fma(-(dmin * static_cast<float>(mn)), x.ds[b0 + sub], acc);
+          }
+        } else {   // Q6_K: sub-blocks of 16 columns
+          for (int sub = 0; sub < 16; ++sub) {
+            const int8_t sc = static_cast<int8_t>(blk[kQ6kScales + 32 * (sub / 2) + 2 * lane + sub % 2]);
+            const int h = sub / 8, r0 = 16 * (sub % 8);
+            int32_t isum = -32 * x.s16[2 * b0 + sub];
+            for (int u = 0; u < 4; ++u)
+              for (int t = 0; t < 4; ++t) {
+                const int lo = (blk[kQ6kLow + 64 * (16 * h + (r0 % 64) / 4 + u) + 4 * lane + t] >> (4 * (r0 / 64))) & 15;
+                const int hi = (blk[kQ6kHigh + 64 * (8 * h + (r0 % 32) / 4 + u) + 4 * lane + t] >> (2 * (r0 / 32))) & 3;
+                isum += (lo | hi << 4) * xq[16 * sub + 4 * u + t];
+              }
+            acc = std::fma(static_cast<float>(isum), (d * static_cast<float>(sc)) * x.d[b0 + sub / 2], acc);
+          }
+        }
+      }
+      y[i * n + j] = acc;
+    }
   }
 }
 
 void quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                        int64_t n_begin, int64_t n_end) {
+  if (is_k_quant(f)) return k_quant_cols_scalar(x, m, w, f, n, y, n_begin, n_end);
   const int64_t bb = quant_block_bytes(f), kb = x.kb, qoff = f == WeightFormat::kQ4_1 ? 64 : 32;
   const int32_t off = quant_offset(f);
   for (int64_t j = n_begin; j < n_end; ++j) {
@@ -130,12 +185,18 @@ void quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, Weig
   }
 }
 
+int64_t quant_block_columns(WeightFormat format) {
+  if (!is_quantized(format)) throw std::invalid_argument("quant_block_columns: not a quantized format");
+  return block_columns(format);
+}
+
 int64_t quant_packed_bytes(WeightFormat format, int64_t n, int64_t k) {
-  if (!is_quantized(format)) throw std::invalid_argument("quant_packed_bytes: not a quantized format");
-  if (n <= 0 || k <= 0 || k % 32 != 0) {
-    throw std::invalid_argument("quant_packed_bytes: needs n >= 1 and k a positive multiple of 32");
+  const int64_t cols = quant_block_columns(format);
+  if (n <= 0 || k <= 0 || k % cols != 0) {
+    throw std::invalid_argument("quant_packed_bytes: needs n >= 1 and k a positive multiple of " +
+                                std::to_string(cols));
   }
-  return (n + 15) / 16 * (k / 32) * quant_block_bytes(format);
+  return (n + 15) / 16 * (k / cols) * quant_block_bytes(format);
 }
 
 const char* quant_kernel() {
@@ -149,9 +210,9 @@ const char* quant_kernel() {
 void quant_gemm(const float* x, const uint8_t* w, WeightFormat format, const float* bias, float* y, int64_t m,
                 int64_t n, int64_t k, int num_threads) {
   if (!is_quantized(format)) throw std::invalid_argument("quant_gemm: not a quantized weight format");
-  if (k <= 0 || k % 32 != 0) {
-    throw std::invalid_argument("quant_gemm: in_features must be a positive multiple of 32, got " +
-                                std::to_string(k));
+  if (k <= 0 || k % block_columns(format) != 0) {
+    throw std::invalid_argument("quant_gemm: in_features must be a positive multiple of " +
+                                std::to_string(block_columns(format)) + ", got " + std::to_string(k));
   }
   if (m <= 0 || n <= 0) return;
   thread_local RowBuffers buf;

@@ -11,16 +11,43 @@ namespace sonarspec {
 
 // Rows of activations quantized per block of 32 columns.
 struct QuantizedRows {
-  const int8_t* q = nullptr;    // (m, k) quants
-  const float* d = nullptr;     // (m, kb) scales
-  const int32_t* s = nullptr;   // (m, kb) sums of each block's quants
-  const float* ds = nullptr;    // (m, kb) d * float(s)
-  int64_t k = 0, kb = 0;        // columns, blocks of 32 (k = 32 kb)
+  const int8_t* q = nullptr;     // (m, k) quants
+  const float* d = nullptr;      // (m, kb) scales
+  const int32_t* s = nullptr;    // (m, kb) sums of each block's quants
+  const int32_t* s16 = nullptr;  // (m, 2 kb) sums of each half block's quants (Q6_K's sub-blocks)
+  const float* ds = nullptr;     // (m, kb) d * float(s)
+  int64_t k = 0, kb = 0;         // columns, blocks of 32 (k = 32 kb)
 };
 
-// Bytes of one block of 32 columns of one 16-row group.
+constexpr bool is_k_quant(WeightFormat f) { return f == WeightFormat::kQ4_K || f == WeightFormat::kQ6_K; }
+
+// Columns of one block: 32, or a K-quant super-block of 256.
+constexpr int64_t block_columns(WeightFormat f) { return is_k_quant(f) ? 256 : 32; }
+
+// Bytes of one block of one 16-row group (quant_gemm.h's layout).
 constexpr int64_t quant_block_bytes(WeightFormat f) {
-  return f == WeightFormat::kQ8_0 ? 32 + 512 : f == WeightFormat::kQ4_1 ? 64 + 256 : 32 + 256;
+  switch (f) {
+    case WeightFormat::kQ8_0: return 32 + 512;
+    case WeightFormat::kQ4_1: return 64 + 256;
+    case WeightFormat::kQ4_K: return 16 * 144;
+    case WeightFormat::kQ6_K: return 16 * 210;
+    default: return 32 + 256;
+  }
+}
+
+// Byte offsets inside a packed K-quant super-block of 16 rows.
+constexpr int64_t kQ4kScales = 64, kQ4kQuants = 64 + 192;                    // after d, dmin
+constexpr int64_t kQ6kScales = 32, kQ6kLow = 32 + 256, kQ6kHigh = 32 + 256 + 2048;   // after d
+
+// Q4_K's 6-bit scale and min of sub-block j from its 12 scale bytes b (llama.cpp's packing).
+inline void q4k_scale_min(const uint8_t* b, int j, int32_t* sc, int32_t* m) {
+  if (j < 4) {
+    *sc = b[j] & 63;
+    *m = b[j + 4] & 63;
+  } else {
+    *sc = (b[j + 4] & 0x0f) | ((b[j - 4] >> 6) << 4);
+    *m = (b[j + 4] >> 4) | ((b[j] >> 6) << 4);
+  }
 }
 
 // The integer offset folded into Q8_0 (weights stored as q + 128) and Q4_0 (q - 8) sums.
@@ -28,10 +55,13 @@ constexpr int32_t quant_offset(WeightFormat f) {
   return f == WeightFormat::kQ8_0 ? 128 : f == WeightFormat::kQ4_0 ? 8 : 0;
 }
 
-// Quantizes blocks of 32 floats: q[32 b + t], d[b], s[b] (sum of the block's quants) and
-// ds[b] = d[b] * s[b], by quant_gemm.h's rule. Both versions give identical results.
-void quantize_blocks_scalar(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, float* ds);
-void quantize_blocks_vnni(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, float* ds);
+// Quantizes blocks of 32 floats: q[32 b + t], d[b], s[b] (sum of the block's quants),
+// s16[2 b + h] (sums of its halves) and ds[b] = d[b] * s[b], by quant_gemm.h's rule. Both
+// versions give identical results.
+void quantize_blocks_scalar(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, int32_t* s16,
+                            float* ds);
+void quantize_blocks_vnni(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, int32_t* s16,
+                          float* ds);
 
 // y[i, j] for rows i < m and columns j in [n_begin, n_end), n_begin a multiple of 16.
 void quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
@@ -41,14 +71,43 @@ void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, Weight
 void quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                      int64_t n_begin, int64_t n_end);
 
+// The portable K-quant columns (quant_gemm.cpp); the AVX2 kernel runs them too.
+void k_quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
+                         int64_t n_begin, int64_t n_end);
+
 // fn(std::integral_constant<WeightFormat, F>{}) for the block format f (Q8_0, Q4_0, else
-// Q4_1): how each kernel picks its template instantiation.
+// Q4_1): how each kernel picks its template instantiation for those three.
 template <typename Fn>
 void with_format(WeightFormat f, Fn&& fn) {
   switch (f) {
     case WeightFormat::kQ8_0: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ8_0>{});
     case WeightFormat::kQ4_0: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ4_0>{});
     default: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ4_1>{});
+  }
+}
+
+// with_format's counterpart that also takes the K-quants (kernels with K-quant loops).
+template <typename Fn>
+void with_any_format(WeightFormat f, Fn&& fn) {
+  switch (f) {
+    case WeightFormat::kQ4_K: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ4_K>{});
+    case WeightFormat::kQ6_K: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ6_K>{});
+    default: return with_format(f, fn);
+  }
+}
+
+// fn(std::integral_constant<int, R>{}) for R = min(rows, 8) >= 1: a kernel's rows per pass.
+template <typename Fn>
+void with_rows(int64_t rows, Fn&& fn) {
+  switch (rows < 8 ? rows : 8) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+    case 6: return fn(std::integral_constant<int, 6>{});
+    case 7: return fn(std::integral_constant<int, 7>{});
+    default: return fn(std::integral_constant<int, 8>{});
   }
 }
 

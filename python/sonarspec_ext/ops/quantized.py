@@ -1,4 +1,4 @@
-"""Block-quantized weight matrices: GGUF's Q8_0, Q4_0 and Q4_1 kept in their block formats
+"""Block-quantized weight matrices: GGUF's Q8_0, Q4_0, Q4_1, Q4_K and Q6_K kept in their block formats
 and repacked into the layout the native GEMM reads (``csrc/include/sonarspec/quant_gemm.h``).
 
 A ``QuantizedMatrix`` stands where a linear layer's (out_features, in_features) weight
@@ -9,28 +9,58 @@ permutation (``to_blocks`` gives the GGUF blocks back exactly), so ``dequantize`
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from .. import _C
 
-# format -> (native WeightFormat code, GGUF type name, bytes of one GGUF block of 32, header bytes)
-_FORMATS = {"q8_0": (2, "Q8_0", 34, 2), "q4_0": (3, "Q4_0", 18, 2), "q4_1": (4, "Q4_1", 20, 4)}
+class _Spec(NamedTuple):
+    """How a GGUF block type is packed (``csrc/include/sonarspec/quant_gemm.h``): each
+    header field (offset, length) becomes runs of 2 bytes x 16 rows, each quant segment
+    (offset, length, flipped) chunks of 4 bytes x 16 rows (Q8_0's int8 made unsigned)."""
+    code: int          # the native WeightFormat
+    gguf: str          # GGUF type name
+    columns: int       # columns of one block
+    block_bytes: int   # bytes of one GGUF block
+    fields: Tuple[Tuple[int, int], ...]
+    quants: Tuple[Tuple[int, int, bool], ...]
+
+
+_FORMATS = {
+    "q8_0": _Spec(2, "Q8_0", 32, 34, ((0, 2),), ((2, 32, True),)),
+    "q4_0": _Spec(3, "Q4_0", 32, 18, ((0, 2),), ((2, 16, False),)),
+    "q4_1": _Spec(4, "Q4_1", 32, 20, ((0, 4),), ((4, 16, False),)),
+    "q4_k": _Spec(5, "Q4_K", 256, 144, ((0, 16),), ((16, 128, False),)),            # d, dmin, scales; qs
+    "q6_k": _Spec(6, "Q6_K", 256, 210, ((208, 2), (192, 16)), ((0, 128, False), (128, 64, False))),  # d, scales; ql, qh
+}
 QUANTIZED_FORMATS = tuple(_FORMATS)
+K_QUANTS = ("q4_k", "q6_k")   # no quantizer in gguf: only kept from files
 # sonarspec::WeightFormat codes of float matrices
 FLOAT_FORMAT_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 
 def _gguf_type(fmt: str):
     import gguf
-    return gguf.GGMLQuantizationType[_FORMATS[fmt][1]]
+    return gguf.GGMLQuantizationType[_FORMATS[fmt].gguf]
 
 
 def format_of_gguf_type(type_name: str):
     """The format that keeps a GGUF tensor type as it is, or None (not run natively)."""
-    return next((f for f, spec in _FORMATS.items() if spec[1] == type_name), None)
+    return next((f for f, spec in _FORMATS.items() if spec.gguf == type_name), None)
+
+
+def block_columns(fmt: str) -> int:
+    """Columns of one block of ``fmt``: in_features must be a multiple of it."""
+    return _FORMATS[fmt].columns
+
+
+def runs_fast(fmt: str) -> bool:
+    """Whether ``fmt`` has SIMD loops on this CPU (``_C.quant_kernel()``): every format under
+    AVX-512 VNNI, all but the K-quants under AVX2, none on the portable path."""
+    kernel = _C.quant_kernel()
+    return kernel == "vnni" or kernel == "avx2" and fmt not in K_QUANTS
 
 
 class QuantizedMatrix:
@@ -41,14 +71,15 @@ class QuantizedMatrix:
         if fmt not in _FORMATS:
             raise ValueError(f"unknown quantized format {fmt!r}; supported: {', '.join(QUANTIZED_FORMATS)}")
         n, k = (int(d) for d in shape)
-        if n < 1 or k < 32 or k % 32:
-            raise ValueError(f"a {fmt} matrix needs at least one row and in_features a multiple of 32, "
+        cols = _FORMATS[fmt].columns
+        if n < 1 or k < cols or k % cols:
+            raise ValueError(f"a {fmt} matrix needs at least one row and in_features a multiple of {cols}, "
                              f"got shape [{n}, {k}]")
-        want = _C.quant_packed_bytes(_FORMATS[fmt][0], n, k)
+        want = _C.quant_packed_bytes(_FORMATS[fmt].code, n, k)
         if data.dtype != torch.uint8 or data.dim() != 1 or data.numel() != want or not data.is_contiguous():
             raise ValueError(f"packed {fmt} data of a [{n}, {k}] matrix must be {want} contiguous uint8 bytes")
         self.data, self.format, self.shape = data, fmt, torch.Size((n, k))
-        self.code = _FORMATS[fmt][0]
+        self.code = _FORMATS[fmt].code
         self.device = data.device
 
     def __repr__(self) -> str:
@@ -65,22 +96,21 @@ class QuantizedMatrix:
     # -- construction -------------------------------------------------------------------
     @classmethod
     def from_blocks(cls, blocks: np.ndarray, fmt: str, k: int) -> "QuantizedMatrix":
-        """From GGUF blocks: (n, k // 32 * block bytes) uint8, each row's blocks in order."""
-        _, _, bpb, hdr = _FORMATS[fmt]
-        n, kb = blocks.shape[0], k // 32
-        if k % 32 or blocks.dtype != np.uint8 or blocks.shape[1:] != (kb * bpb,):
+        """From GGUF blocks: (n, k // block columns * block bytes) uint8, each row's blocks in order."""
+        spec = _FORMATS[fmt]
+        n, nb = blocks.shape[0], k // spec.columns
+        if k % spec.columns or blocks.dtype != np.uint8 or blocks.shape[1:] != (nb * spec.block_bytes,):
             raise ValueError(f"{fmt} blocks of a matrix with {k} columns must be uint8 of shape "
-                             f"[rows, {kb * bpb}], got {blocks.dtype} {list(blocks.shape)}")
+                             f"[rows, {nb * spec.block_bytes}], got {blocks.dtype} {list(blocks.shape)}")
         g = -(-n // 16)
-        b = np.zeros((g * 16, kb, bpb), dtype=np.uint8)
-        b[:n] = blocks.reshape(n, kb, bpb)
-        b = b.reshape(g, 16, kb, bpb)
-        parts = [b[..., h:h + 2].transpose(0, 2, 1, 3).reshape(g, kb, 32) for h in range(0, hdr, 2)]
-        qs = b[..., hdr:]
-        if fmt == "q8_0":
-            qs = qs ^ np.uint8(0x80)   # int8 q -> q + 128 as an unsigned byte
-        chunks = qs.shape[-1] // 4
-        parts.append(qs.reshape(g, 16, kb, chunks, 4).transpose(0, 2, 3, 1, 4).reshape(g, kb, chunks * 64))
+        b = np.zeros((g * 16, nb, spec.block_bytes), dtype=np.uint8)
+        b[:n] = blocks.reshape(n, nb, spec.block_bytes)
+        b = b.reshape(g, 16, nb, spec.block_bytes)
+        parts = [b[..., h:h + 2].transpose(0, 2, 1, 3).reshape(g, nb, 32)
+                 for off, length in spec.fields for h in range(off, off + length, 2)]
+        for off, length, flipped in spec.quants:
+            qs = b[..., off:off + length] ^ np.uint8(0x80 if flipped else 0)   # Q8_0: int8 q -> q + 128
+            parts.append(qs.reshape(g, 16, nb, length // 4, 4).transpose(0, 2, 3, 1, 4).reshape(g, nb, length * 16))
         packed = np.ascontiguousarray(np.concatenate(parts, axis=-1)).reshape(-1)
         return cls(torch.from_numpy(packed), fmt, (n, k))
 
@@ -88,8 +118,10 @@ class QuantizedMatrix:
     def quantize(cls, w: torch.Tensor, fmt: str) -> "QuantizedMatrix":
         """A float matrix (n, k) quantized with ``gguf``'s quantizer (llama.cpp's rounding)."""
         import gguf
-        if fmt not in _FORMATS:
-            raise ValueError(f"unknown quantized format {fmt!r}; supported: {', '.join(QUANTIZED_FORMATS)}")
+        if fmt not in _FORMATS or fmt in K_QUANTS:
+            raise ValueError(f"cannot quantize to {fmt!r}; quantizable formats: "
+                             f"{', '.join(f for f in QUANTIZED_FORMATS if f not in K_QUANTS)} "
+                             f"(K-quant matrices are kept from GGUF files as they are)")
         if w.dim() != 2 or w.shape[1] % 32:
             raise ValueError(f"{fmt} quantizes matrices whose in_features are a multiple of 32, "
                              f"got shape {list(w.shape)}")
@@ -98,18 +130,22 @@ class QuantizedMatrix:
 
     # -- views back ------------------------------------------------------------------------
     def to_blocks(self) -> np.ndarray:
-        """The GGUF blocks (n, k // 32 * block bytes) uint8, exactly as ``from_blocks`` got them."""
-        _, _, bpb, hdr = _FORMATS[self.format]
+        """The GGUF blocks (n, k // block columns * block bytes) uint8, exactly as ``from_blocks`` got them."""
+        spec = _FORMATS[self.format]
         n, k = self.shape
-        g, kb = -(-n // 16), k // 32
-        p = self.data.numpy().reshape(g, kb, -1)
-        heads = [p[..., 32 * i:32 * i + 32].reshape(g, kb, 16, 2).transpose(0, 2, 1, 3) for i in range(hdr // 2)]
-        chunks = (bpb - hdr) // 4
-        qs = p[..., 16 * hdr:].reshape(g, kb, chunks, 16, 4).transpose(0, 3, 1, 2, 4).reshape(g, 16, kb, chunks * 4)
-        if self.format == "q8_0":
-            qs = qs ^ np.uint8(0x80)
-        b = np.concatenate(heads + [qs], axis=-1).reshape(g * 16, kb * bpb)
-        return np.ascontiguousarray(b[:n])
+        g, nb = -(-n // 16), k // spec.columns
+        p = self.data.numpy().reshape(g, nb, -1)
+        b = np.empty((g, 16, nb, spec.block_bytes), dtype=np.uint8)
+        at = 0
+        for off, length in spec.fields:
+            for h in range(off, off + length, 2):
+                b[..., h:h + 2] = p[..., at:at + 32].reshape(g, nb, 16, 2).transpose(0, 2, 1, 3)
+                at += 32
+        for off, length, flipped in spec.quants:
+            qs = p[..., at:at + 16 * length].reshape(g, nb, length // 4, 16, 4).transpose(0, 3, 1, 2, 4)
+            b[..., off:off + length] = qs.reshape(g, 16, nb, length) ^ np.uint8(0x80 if flipped else 0)
+            at += 16 * length
+        return np.ascontiguousarray(b.reshape(g * 16, nb * spec.block_bytes)[:n])
 
     def dequantize(self) -> torch.Tensor:
         """The matrix as float32 (n, k), by ``gguf``'s dequantizer."""
