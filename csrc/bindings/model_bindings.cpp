@@ -19,8 +19,12 @@ namespace py = pybind11;
 namespace sonarspec {
 namespace {
 
-// Pointers of one layer: input_norm, post_norm, qkv, qkv_bias, o, gate_up, down, k_pool, v_pool.
-using LayerPointers = std::array<uintptr_t, 9>;
+// Pointers of one layer: input_norm, post_norm, qkv (or q), k (0 with a fused qkv), v, qkv_bias, o, gate_up,
+// down, k_pool, v_pool.
+using LayerPointers = std::array<uintptr_t, 11>;
+
+// WeightFormat codes of one layer's matrices: qkv (or q), k, v, o, gate_up, down.
+using LayerFormats = std::array<int, 6>;
 
 // Model-level pointers: cos_table, sin_table, fc, fc_bias, enorm, hnorm, final_norm.
 using ModelPointers = std::array<uintptr_t, 7>;
@@ -28,29 +32,35 @@ using ModelPointers = std::array<uintptr_t, 7>;
 class DecoderStack {
  public:
   DecoderStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t inter,
-               int64_t num_slots, float eps, float scale, int weight_format, const std::vector<LayerPointers>& layers,
-               const ModelPointers& model, int64_t max_positions, int kv_dtype) {
+               int64_t num_slots, float eps, float scale, const std::vector<LayerPointers>& layers,
+               const std::vector<LayerFormats>& formats, const ModelPointers& model, int fc_format,
+               int64_t max_positions, int kv_dtype) {
     if (hidden <= 0 || num_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 || inter <= 0 ||
         num_slots <= 0 || num_heads % num_kv_heads || max_positions <= 0 || model[0] == 0 || model[1] == 0) {
       throw std::invalid_argument("DecoderStack: invalid shape");
     }
     if (kv_dtype < 0 || kv_dtype > 2) throw std::invalid_argument("DecoderStack: invalid kv_dtype");
-    shape_ = {hidden, num_heads, num_kv_heads, head_dim, inter, num_slots, eps, scale, weight_format_of(weight_format),
-              static_cast<DType>(kv_dtype)};
-    for (const LayerPointers& p : layers) {
-      if (p[1] == 0 || p[2] == 0 || p[4] == 0 || p[5] == 0 || p[6] == 0 || p[7] == 0 || p[8] == 0) {
+    shape_ = {hidden, num_heads, num_kv_heads, head_dim, inter, num_slots, eps, scale, static_cast<DType>(kv_dtype)};
+    if (formats.size() != layers.size()) throw std::invalid_argument("DecoderStack: one format list per layer");
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const LayerPointers& p = layers[l];
+      const LayerFormats& f = formats[l];
+      if (p[1] == 0 || p[2] == 0 || (p[3] == 0) != (p[4] == 0) || p[6] == 0 || p[7] == 0 || p[8] == 0 || p[9] == 0 ||
+          p[10] == 0) {
         throw std::invalid_argument("DecoderStack: a layer is missing a required tensor");
       }
+      auto matrix = [](uintptr_t data, int code) { return WeightMatrix{reinterpret_cast<const void*>(data),
+                                                                        weight_format_of(code)}; };
       DecoderLayerWeights w;
       w.input_norm = reinterpret_cast<const float*>(p[0]);
       w.post_norm = reinterpret_cast<const float*>(p[1]);
-      w.qkv = reinterpret_cast<const void*>(p[2]);
-      w.qkv_bias = reinterpret_cast<const float*>(p[3]);
-      w.o = reinterpret_cast<const void*>(p[4]);
-      w.gate_up = reinterpret_cast<const void*>(p[5]);
-      w.down = reinterpret_cast<const void*>(p[6]);
-      w.k_pool = reinterpret_cast<void*>(p[7]);
-      w.v_pool = reinterpret_cast<void*>(p[8]);
+      for (int i = 0; i < 3; ++i) w.qkv[i] = matrix(p[2 + i], f[i]);
+      w.qkv_bias = reinterpret_cast<const float*>(p[5]);
+      w.o = matrix(p[6], f[3]);
+      w.gate_up = matrix(p[7], f[4]);
+      w.down = matrix(p[8], f[5]);
+      w.k_pool = reinterpret_cast<void*>(p[9]);
+      w.v_pool = reinterpret_cast<void*>(p[10]);
       layers_.push_back(w);
     }
     weights_.layers = layers_.data();
@@ -58,7 +68,7 @@ class DecoderStack {
     weights_.cos_table = reinterpret_cast<const float*>(model[0]);
     weights_.sin_table = reinterpret_cast<const float*>(model[1]);
     weights_.max_positions = max_positions;
-    weights_.fc = reinterpret_cast<const void*>(model[2]);
+    weights_.fc = WeightMatrix{reinterpret_cast<const void*>(model[2]), weight_format_of(fc_format)};
     weights_.fc_bias = reinterpret_cast<const float*>(model[3]);
     weights_.enorm = reinterpret_cast<const float*>(model[4]);
     weights_.hnorm = reinterpret_cast<const float*>(model[5]);
@@ -69,7 +79,7 @@ class DecoderStack {
                   uintptr_t block_table, int64_t batch, int64_t max_pages, int64_t page_size, uintptr_t token_seq,
                   uintptr_t key_begin,
                   uintptr_t key_end, uintptr_t tree_begin, uintptr_t tree_mask, uintptr_t out, int num_threads) {
-    if (weights_.fc != nullptr && features == 0) throw std::invalid_argument("DecoderStack: an MTP head needs features");
+    if (weights_.fc.data != nullptr && features == 0) throw std::invalid_argument("DecoderStack: an MTP head needs features");
     auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
     StepAttention a;
     a.slot_mapping = i(slot_mapping);
@@ -137,7 +147,7 @@ class DecoderStack {
 
  private:
   StackIO make_io(const IOArgs& a, uintptr_t features, int64_t batch) const {
-    if (weights_.fc != nullptr && features == 0) throw std::invalid_argument("DecoderStack: an MTP head needs features");
+    if (weights_.fc.data != nullptr && features == 0) throw std::invalid_argument("DecoderStack: an MTP head needs features");
     StackIO io;
     io.embed = reinterpret_cast<const void*>(std::get<0>(a));
     io.embed_bf16 = std::get<1>(a);
@@ -170,11 +180,12 @@ class DecoderStack {
 void bind_decoder_stack(py::module_& m) {
   py::class_<DecoderStack>(m, "DecoderStack",
                            "Llama decoder layers as one native call for small float32 CPU steps (raw pointers).")
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, int,
-                    const std::vector<LayerPointers>&, const ModelPointers&, int64_t, int>(),
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float,
+                    const std::vector<LayerPointers>&, const std::vector<LayerFormats>&, const ModelPointers&, int,
+                    int64_t, int>(),
            py::arg("hidden"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("inter"),
-           py::arg("num_slots"), py::arg("eps"), py::arg("scale"), py::arg("weight_format"), py::arg("layers"),
-           py::arg("model"), py::arg("max_positions"), py::arg("kv_dtype") = 0)
+           py::arg("num_slots"), py::arg("eps"), py::arg("scale"), py::arg("layers"), py::arg("formats"),
+           py::arg("model"), py::arg("fc_format"), py::arg("max_positions"), py::arg("kv_dtype") = 0)
       .def("forward", &DecoderStack::forward,
            "Runs the stack over x (m, hidden) in place (an MTP head's input projection with features first) and "
            "writes final_norm(x) to out; returns the number of tokens with an out-of-range KV slot.")

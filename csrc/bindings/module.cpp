@@ -194,12 +194,12 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "sonarspec native core: planner and kernels";
   m.def("build_info", &build_info, "How this extension was built: cuda, cuda_arch, version.");
   m.def("cuda_available", &cuda_available, "Whether a CUDA device is usable at run time.");
-  m.def("small_mlp", [](uintptr_t x, uintptr_t gate_up, uintptr_t down, uintptr_t y, int64_t m, int64_t hidden,
-                        int64_t inter, int weight_format, int num_threads) {
+  m.def("small_mlp", [](uintptr_t x, uintptr_t gate_up, int gate_up_format, uintptr_t down, int down_format,
+                        uintptr_t y, int64_t m, int64_t hidden, int64_t inter, int num_threads) {
+    const WeightFormat gf = weight_format_of(gate_up_format), df = weight_format_of(down_format);
     py::gil_scoped_release release;
-    small_mlp(reinterpret_cast<const float*>(x), reinterpret_cast<const void*>(gate_up),
-              reinterpret_cast<const void*>(down), reinterpret_cast<float*>(y), m, hidden, inter,
-              weight_format_of(weight_format), num_threads);
+    small_mlp(reinterpret_cast<const float*>(x), reinterpret_cast<const void*>(gate_up), gf,
+              reinterpret_cast<const void*>(down), df, reinterpret_cast<float*>(y), m, hidden, inter, num_threads);
   }, "Gated SiLU MLP for few rows: small_gemm, silu_and_mul, small_gemm in one call (raw pointers).");
   m.def("set_worker_spin_us", &sonarspec::ThreadPool::set_spin_us,
         "How long idle CPU kernel workers poll for the next call before sleeping (microseconds).");

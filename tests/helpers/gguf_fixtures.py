@@ -84,3 +84,18 @@ def write_gguf(hf_dir: str, path: str, arch: str = "llama", qtype=None, tokenize
     w.close()
     return path
 
+
+
+def random_k_blocks(qtype, rows: int, cols: int, seed: int, d: float) -> np.ndarray:
+    """Raw blocks of a (rows, cols) K-quant matrix (gguf has no K-quant quantizer): every
+    quant and scale byte random, the float16 super-block scales ~d (weights ~0.05 for the
+    magnitudes used here)."""
+    import gguf
+    per_block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, size=(rows, cols // per_block, nbytes), dtype=np.uint8)
+    halves = (0, 2) if qtype == gguf.GGMLQuantizationType.Q4_K else (nbytes - 2,)
+    for at in halves:
+        b[..., at:at + 2] = np.abs(rng.normal(d, d / 4, size=b.shape[:2])).astype(np.float16).view(np.uint8).reshape(
+            *b.shape[:2], 2)
+    return b.reshape(rows, -1)

@@ -1,4 +1,4 @@
-"""Whole models on block-quantized weights: GGUF files keep their Q8_0 / Q4_0 / Q4_1 blocks
+"""Whole models on block-quantized weights: GGUF files keep their Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K blocks
 ("auto"), float checkpoints quantize at load, every speculation scheme gives the quantized
 engine's own plain greedy tokens, and the option's errors are clear. SmolLM2's real Q4_1
 file against transformers' float model: see the tolerances stated in the test."""
@@ -81,9 +81,9 @@ def test_batch_rows_equal_single_rows_on_quantized_weights():
 
 
 def test_quantization_option_errors(tiny_dir, tmp_path):
-    from sonarspec_ext.ops.quantized import QUANTIZED_FORMATS
+    from sonarspec_ext.ops.quantized import QUANTIZABLE_FORMATS
     from sonarspec_ext.params import QUANTIZATION_CHOICES
-    assert QUANTIZATION_CHOICES == ("auto", "none") + QUANTIZED_FORMATS
+    assert QUANTIZATION_CHOICES == ("auto", "none") + QUANTIZABLE_FORMATS
     with pytest.raises(ValueError, match="SpecConfig.quantization must be one of"):
         SpecConfig(method="draft_target", quantization="int4")
     with pytest.raises(ValueError, match="must be one of auto, none, q8_0, q4_0, q4_1"):
@@ -167,3 +167,48 @@ def test_auto_loads_float_weights_without_a_simd_kernel(tiny_dir, tmp_path):
                          env={**os.environ, "SONARSPEC_QUANT_KERNEL": "portable"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["none", "q8_0"]
+
+
+@pytest.mark.skipif(__import__("sonarspec_ext")._C.quant_kernel() != "vnni",
+                    reason="quantization='auto' keeps K-quant blocks only with AVX-512 VNNI")
+def test_a_file_of_mixed_k_quants_runs_them_natively(tmp_path):
+    """A Q4_K_M-like file (q, k, gate, up in Q4_K; v, down in Q6_K; o in Q8_0): "auto"
+    keeps every block byte for byte, q/k/v of different formats run side by side in the
+    native stack, logits stay near the dequantized file's (int8 activations: < 3% of the
+    largest logit), and speculation gives the quantized engine's plain greedy tokens."""
+    from helpers.gguf_fixtures import random_k_blocks
+    hf = str(tmp_path / "hf")
+    make_hf_model(hf, "llama", seed=6, tie_word_embeddings=True, hidden_size=256, intermediate_size=512,
+                  num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2)
+    kinds = {"q_proj": T.Q4_K, "k_proj": T.Q4_K, "gate_proj": T.Q4_K, "up_proj": T.Q4_K, "v_proj": T.Q6_K,
+             "down_proj": T.Q6_K}
+    shapes = {"q_proj": (256, 256), "k_proj": (128, 256), "v_proj": (128, 256), "gate_proj": (512, 256),
+              "up_proj": (512, 256), "down_proj": (256, 512)}
+    raw = {}
+    for layer in range(2):
+        for i, (proj, qtype) in enumerate(kinds.items()):
+            part = "self_attn" if proj.endswith(("q_proj", "k_proj", "v_proj")) else "mlp"
+            d = 2e-4 if qtype == T.Q4_K else 1e-5
+            raw[f"model.layers.{layer}.{part}.{proj}.weight"] = (random_k_blocks(qtype, *shapes[proj], 10 * layer + i, d),
+                                                                 qtype)
+        o = load_model(hf).model.layers[layer].self_attn.o_proj.weight.detach().float().numpy()
+        raw[f"model.layers.{layer}.self_attn.o_proj.weight"] = (gguf.quantize(o, T.Q8_0), T.Q8_0)
+    path = write_gguf(hf, str(tmp_path / "m.gguf"), raw_tensors=raw)
+    q, f = load_model(path, quantization="auto"), load_model(path, quantization="none", compact_weights=False)
+    assert quantized_formats(q) == {"q4_k", "q6_k", "q8_0"}
+    layer = q.model.layers[1]
+    assert layer.self_attn.qkv is None and layer.mlp.gate_up is not None   # q/k/v mixed, gate/up fused
+    for proj in ("v_proj", "down_proj"):
+        part = "self_attn" if proj == "v_proj" else "mlp"
+        got = getattr(getattr(layer, part), proj).weight.to_blocks()
+        assert (got == raw[f"model.layers.1.{part}.{proj}.weight"][0]).all()
+    prompts, conts = [[5, 77, 200, 3], [9] * 11], [[1, 2, 3], [4, 5, 6]]
+    for a, b in zip(paged_logits(q, prompts, conts, 4), paged_logits(f, prompts, conts, 4)):
+        assert (a - b).abs().max() <= 0.03 * b.abs().max()
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    plain = LLM(path)
+    ref = [o.token_ids for o in plain.generate([[5, 77, 200], [9, 9, 9, 9]], params)]
+    assert plain.engine.runner._stack is not None   # the native stack ran the mixed layers
+    for spec in (SpecConfig(method="ngram", num_draft_tokens=3),
+                 SpecConfig(method="draft_target", draft=path, num_draft_tokens=3)):
+        assert [o.token_ids for o in LLM(path, spec=spec).generate([[5, 77, 200], [9, 9, 9, 9]], params)] == ref

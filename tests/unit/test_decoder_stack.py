@@ -148,10 +148,16 @@ def test_stack_refuses_what_it_cannot_run(tmp_path):
                      cfg.num_key_value_heads, 1e-5)
     with pytest.raises(ValueError, match="at least one layer"):
         DecoderStack([], rope, 4, 2, 1e-5)
-    # Layers whose projections are not fused (training modules) run op by op.
+    # Separate q, k and v (a GGUF file's mixed formats) run as three GEMMs, to the same bits;
+    # an unfused gate and up (training modules) run op by op.
     unfused = load_model(str(tmp_path / "m"))
     for layer in unfused.model.layers:
         layer.self_attn.qkv = None
+    x = torch.randn(2, cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    step = (torch.tensor([3, 4]), meta.slot_mapping, meta.block_table, PAGE, *meta.native)
+    assert torch.equal(build_native_stack(unfused, kv).forward(x, *step), stack.forward(x, *step))
+    for layer in unfused.model.layers:
+        layer.mlp.gate_up = None
     assert build_native_stack(unfused, kv) is None
     # A bfloat16 model (SDPA attention, no native metadata) has none either.
     assert build_native_stack(load_model(str(tmp_path / "m"), dtype="bfloat16"), kv) is None

@@ -5,9 +5,9 @@
 // MLP + residual; then an optional final RMSNorm. It calls the same kernels in the same
 // order as the per-op path (small_gemm, rope_cpu, kv_store_cpu, paged_attention_cpu,
 // small_mlp, rms_norm_cpu), so both give bit-identical results; what it removes is the
-// per-op dispatch between them. float32 activations; float32, bfloat16 or block-quantized
-// weights; float32,
-// bfloat16 or float16 KV pools.
+// per-op dispatch between them. float32 activations; each matrix float32, bfloat16 or
+// block-quantized in its own format (GGUF files mix them); float32, bfloat16 or float16
+// KV pools.
 #pragma once
 
 #include <cstdint>
@@ -17,14 +17,22 @@
 
 namespace sonarspec {
 
+// A weight matrix and how it is stored.
+struct WeightMatrix {
+  const void* data = nullptr;
+  WeightFormat format = WeightFormat::kF32;
+};
+
 struct DecoderLayerWeights {
   const float* input_norm = nullptr;  // (hidden,); null: no input norm (EAGLE-1 heads)
   const float* post_norm = nullptr;   // (hidden,)
-  const void* qkv = nullptr;          // ((num_heads + 2 num_kv_heads) head_dim, hidden): q rows, k rows, v rows
+  // ((num_heads + 2 num_kv_heads) head_dim, hidden): q rows, k rows, v rows in qkv[0]; or,
+  // when their formats differ, q, k and v as qkv[0..2]
+  WeightMatrix qkv[3];
   const float* qkv_bias = nullptr;    // or null
-  const void* o = nullptr;            // (hidden, num_heads head_dim)
-  const void* gate_up = nullptr;      // (2 inter, hidden): gate rows over up rows
-  const void* down = nullptr;         // (hidden, inter)
+  WeightMatrix o;                     // (hidden, num_heads head_dim)
+  WeightMatrix gate_up;               // (2 inter, hidden): gate rows over up rows
+  WeightMatrix down;                  // (hidden, inter)
   void* k_pool = nullptr;             // (num_slots, num_kv_heads, head_dim) of DecoderShape::kv_dtype
   void* v_pool = nullptr;
 };
@@ -33,7 +41,6 @@ struct DecoderShape {
   int64_t hidden = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, inter = 0, num_slots = 0;
   float eps = 1e-6f;
   float scale = 0.f;   // attention scale (the caller's head_dim ** -0.5)
-  WeightFormat weight_format = WeightFormat::kF32;   // every matrix of the stack's
   DType kv_dtype = DType::kFloat32;   // the KV pools': float32, or bfloat16 / float16 (rounded on store)
 };
 
@@ -59,7 +66,7 @@ struct DecoderStackWeights {
   int64_t max_positions = 0;
   // MTP heads: x = fc(cat(enorm(x), hnorm(features))) (+ fc_bias) before the layers;
   // enorm/hnorm null for EAGLE-1 heads. fc null: no input projection.
-  const void* fc = nullptr;          // (hidden, 2 hidden)
+  WeightMatrix fc;                   // (hidden, 2 hidden)
   const float* fc_bias = nullptr;
   const float* enorm = nullptr;
   const float* hnorm = nullptr;

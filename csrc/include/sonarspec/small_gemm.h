@@ -47,8 +47,8 @@ namespace sonarspec {
 // Gated SiLU MLP for few rows, in one call: y = (silu(x @ g^T) * (x @ u^T)) @ down^T where
 // gate_up (2 * inter, hidden) stacks g over u and down is (hidden, inter); x (m, hidden),
 // y (m, hidden). Same arithmetic as small_gemm, silu_and_mul_cpu, small_gemm in turn.
-// Both weights are stored in `format`.
-void small_mlp(const float* x, const void* gate_up, const void* down, float* y, int64_t m, int64_t hidden,
-               int64_t inter, WeightFormat format, int num_threads);
+// Each weight is stored in its own format.
+void small_mlp(const float* x, const void* gate_up, WeightFormat gate_up_format, const void* down,
+               WeightFormat down_format, float* y, int64_t m, int64_t hidden, int64_t inter, int num_threads);
 
 }  // namespace sonarspec

@@ -32,7 +32,7 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
                               int num_threads) {
   const int64_t q_dim = s.num_heads * s.head_dim, kv_dim = s.num_kv_heads * s.head_dim;
   const int64_t qk_dim = q_dim + kv_dim, qkv_dim = qk_dim + kv_dim, half = s.head_dim / 2;
-  thread_local std::vector<float> h, qkv, qk, qk_rot, q, k, v, att, tmp, cos, sin;
+  thread_local std::vector<float> h, qkv, part, qk, qk_rot, q, k, v, att, tmp, cos, sin;
   cos.resize(static_cast<size_t>(m * half));
   sin.resize(static_cast<size_t>(m * half));
   for (int64_t t = 0; t < m; ++t) {
@@ -45,7 +45,7 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
   }
   h.resize(static_cast<size_t>(m * 2 * s.hidden));
   tmp.resize(static_cast<size_t>(m * s.hidden));
-  if (w.fc != nullptr) {  // x = fc(cat(enorm(x), hnorm(features)))
+  if (w.fc.data != nullptr) {  // x = fc(cat(enorm(x), hnorm(features)))
     for (int64_t t = 0; t < m; ++t) {
       float* row = h.data() + t * 2 * s.hidden;
       const float* e = x + t * s.hidden;
@@ -58,7 +58,7 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
         std::memcpy(row + s.hidden, f, sizeof(float) * s.hidden);
       }
     }
-    small_gemm_any(h.data(), w.fc, s.weight_format, w.fc_bias, x, m, s.hidden, 2 * s.hidden, num_threads);
+    small_gemm_any(h.data(), w.fc.data, w.fc.format, w.fc_bias, x, m, s.hidden, 2 * s.hidden, num_threads);
   }
   qkv.resize(static_cast<size_t>(m * qkv_dim));
   qk.resize(static_cast<size_t>(m * qk_dim));
@@ -75,7 +75,18 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
       rms_norm_cpu(x, L.input_norm, h.data(), m, s.hidden, s.eps);
       in = h.data();
     }
-    small_gemm_any(in, L.qkv, s.weight_format, L.qkv_bias, qkv.data(), m, qkv_dim, s.hidden, num_threads);
+    if (L.qkv[1].data == nullptr) {
+      small_gemm_any(in, L.qkv[0].data, L.qkv[0].format, L.qkv_bias, qkv.data(), m, qkv_dim, s.hidden, num_threads);
+    } else {   // q, k, v in their own formats, their columns placed side by side
+      const int64_t dims[3] = {q_dim, kv_dim, kv_dim};
+      for (int p = 0, col = 0; p < 3; col += dims[p++]) {
+        part.resize(static_cast<size_t>(m * dims[p]));
+        small_gemm_any(in, L.qkv[p].data, L.qkv[p].format, L.qkv_bias ? L.qkv_bias + col : nullptr, part.data(), m,
+                       dims[p], s.hidden, num_threads);
+        for (int64_t t = 0; t < m; ++t)
+          std::memcpy(qkv.data() + t * qkv_dim + col, part.data() + t * dims[p], sizeof(float) * dims[p]);
+      }
+    }
     gather_rows(qkv.data(), qkv_dim, qk.data(), m, qk_dim);   // cat(q, k) per token
     rope_cpu(qk.data(), cos.data(), sin.data(), qk_rot.data(), m, s.num_heads + s.num_kv_heads, s.head_dim);
     gather_rows(qk_rot.data(), qk_dim, q.data(), m, q_dim);
@@ -88,10 +99,11 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
                                                 a.tree_mask, att.data(), m, s.num_heads, s.num_kv_heads, s.head_dim,
                                                 s.num_slots, s.scale, num_threads);
     bad += no_keys < 0 ? m : no_keys;
-    small_gemm_any(att.data(), L.o, s.weight_format, nullptr, tmp.data(), m, s.hidden, q_dim, num_threads);
+    small_gemm_any(att.data(), L.o.data, L.o.format, nullptr, tmp.data(), m, s.hidden, q_dim, num_threads);
     add_inplace(x, tmp.data(), m * s.hidden);
     rms_norm_cpu(x, L.post_norm, h.data(), m, s.hidden, s.eps);
-    small_mlp(h.data(), L.gate_up, L.down, tmp.data(), m, s.hidden, s.inter, s.weight_format, num_threads);
+    small_mlp(h.data(), L.gate_up.data, L.gate_up.format, L.down.data, L.down.format, tmp.data(), m, s.hidden,
+              s.inter, num_threads);
     add_inplace(x, tmp.data(), m * s.hidden);
   }
   if (w.final_norm != nullptr) {

@@ -15,7 +15,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
-from ..ops.quantized import QuantizedMatrix, format_of_gguf_type
+from ..ops.quantized import QuantizedMatrix, format_of_gguf_type, runs_fast
 from .config import CheckpointError, ModelConfig
 
 # GGUF ``general.architecture`` -> (HF architecture, Q/K rows permuted by the converter)
@@ -166,7 +166,8 @@ class GGUFCheckpoint:
         ("q8_0", ...): the projection matrices and the lm_head (for tied embeddings, also
         from ``token_embd``, the embedding itself staying float) as ``QuantizedMatrix`` in
         that format - the file's own blocks where it already is in it, else requantized
-        from the dequantized values; "file": each of them in its own file format."""
+        from the dequantized values; "file": each of them in its own file format where that
+        runs fast on this CPU (``ops.quantized.runs_fast``), the others float as with "none"."""
         self._check_architecture()
         _, permuted = ARCHITECTURES[self.arch]
         state = {}
@@ -182,10 +183,11 @@ class GGUFCheckpoint:
             if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
             own = format_of_gguf_type(t.tensor_type.name)
-            quantize = quantization != "none" and _is_matrix(name, cfg) and (quantization != "file" or own is not None)
+            kept = own if own is not None and runs_fast(own) else None   # "file" keeps what runs fast here
+            quantize = quantization != "none" and _is_matrix(name, cfg) and (quantization != "file" or kept is not None)
             w = None
             if quantize:
-                fmt = own if quantization == "file" else quantization
+                fmt = kept if quantization == "file" else quantization
                 if own == fmt:   # the file's blocks, rows unpermuted like the values'
                     qm = QuantizedMatrix.from_blocks(self._blocks(gguf_name, heads), fmt, shape[1])
                 else:

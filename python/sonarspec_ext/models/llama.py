@@ -72,7 +72,11 @@ class LlamaMLP(nn.Module):
 def _fuse(linears):
     """Concatenates the weights (and biases) of linears sharing an input into one GEMM
     operand, then points each layer's parameters at its rows of it (no extra memory;
-    quantized rows that do not start on a 16-row group keep their own copy)."""
+    quantized rows that do not start on a 16-row group keep their own copy); None (nothing
+    fused) for weights of different formats."""
+    kinds = {m.weight.format if isinstance(m.weight, QuantizedMatrix) else m.weight.dtype for m in linears}
+    if len(kinds) > 1:
+        return None   # a GGUF file's mixed formats: the projections stay separate
     quantized = isinstance(linears[0].weight, QuantizedMatrix)
     if quantized:
         weight = QuantizedMatrix.cat([m.weight for m in linears])

@@ -10,10 +10,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .. import _C
 from ..layers.rotary import RotaryEmbedding
 from .config import CheckpointError, ModelConfig
-from ..ops.quantized import QUANTIZED_FORMATS, QuantizedMatrix
+from ..ops.quantized import QUANTIZED_FORMATS, QuantizedMatrix, runs_fast
 from ..params import QUANTIZATION_CHOICES
 from .gguf import gguf_file, open_gguf
 from .llama import LlamaForCausalLM
@@ -131,22 +130,23 @@ def resolve_quantization(quantization: str, path: str, device="cpu", dtype=torch
     """What ``load_model`` does with ``quantization``: "none" (float weights), a format
     name (every projection and the lm_head in it) or "file" (a GGUF file's own formats).
 
-    "auto": a GGUF file whose layer matrices are all in natively run formats (Q8_0, Q4_0,
-    Q4_1) keeps them ("file") where a SIMD kernel runs them (AVX-512 VNNI or AVX2); anything
-    else loads float weights. Block formats run on the CPU with float32 activations:
-    elsewhere "auto" means "none" and a format is an error."""
+    "auto": a GGUF file with layer matrices in natively run formats (Q8_0, Q4_0, Q4_1, Q4_K,
+    Q6_K) keeps those ("file") where a SIMD kernel runs them (``ops.quantized.runs_fast``:
+    AVX-512 VNNI, or AVX2 without the K-quants), its other matrices loading as float; a
+    file with none loads float weights. Block formats run on the CPU with float32
+    activations: elsewhere "auto" means "none" and a format is an error."""
     if quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"quantization {quantization!r} is not supported; choose one of "
                          f"{', '.join(QUANTIZATION_CHOICES)}")
     runs = torch.device(device).type == "cpu" and parse_dtype(dtype) == torch.float32
     if quantization == "auto":
-        # without AVX2 the block GEMM runs portable loops, far slower than bfloat16's kernels
-        f = gguf_file(path) if runs and _C.quant_kernel() != "portable" else None
+        # portable block loops are far slower than bfloat16's kernels
+        f = gguf_file(path) if runs else None
         if f is None:
             return "none"
         ckpt = open_gguf(f)
         formats = ckpt.file_formats(ckpt.config())
-        return "file" if formats and formats <= set(QUANTIZED_FORMATS) else "none"
+        return "file" if any(f in QUANTIZED_FORMATS and runs_fast(f) for f in formats) else "none"
     if quantization != "none" and not runs:
         raise ValueError(f"quantization {quantization!r} runs on the CPU with float32 activations, "
                          f"not on {device} with {dtype}")

@@ -24,10 +24,10 @@ from .quantized import QuantizedMatrix, weight_format_code
 @dataclass
 class LayerTensors:
     """One decoder layer's inference tensors (norms float32; matrices float32, bfloat16 or
-    ``QuantizedMatrix``, all four in one format)."""
+    ``QuantizedMatrix``, each in its own format)."""
     input_norm: Optional[torch.Tensor]   # (hidden,) or None: no input norm (EAGLE-1 heads)
     post_norm: torch.Tensor              # (hidden,)
-    qkv: torch.Tensor                    # ((num_heads + 2 * num_kv_heads) * head_dim, hidden)
+    qkv: object                          # ((num_heads + 2 * num_kv_heads) * head_dim, hidden), or (q, k, v)
     qkv_bias: Optional[torch.Tensor]     # float32 or None
     o: torch.Tensor                      # (hidden, num_heads * head_dim)
     gate_up: torch.Tensor                # (2 * inter, hidden): gate rows over up rows
@@ -50,14 +50,17 @@ class ModelTensors:
     final_norm: Optional[torch.Tensor] = None
 
 
-def _check_matrix(name: str, t, wformat) -> None:
-    """A stack matrix: a 2-D CPU tensor of dtype ``wformat``, or a QuantizedMatrix of format ``wformat``."""
-    if isinstance(t, QuantizedMatrix) or isinstance(wformat, str):
-        if not isinstance(t, QuantizedMatrix) or t.format != wformat:
-            got = t.format if isinstance(t, QuantizedMatrix) else getattr(t, "dtype", type(t).__name__)
-            raise ValueError(f"{name} is {got}: every matrix of a stack must be {wformat}")
-        return
-    check_tensor(name, t, dtypes=(wformat,), ndim=2, device=torch.device("cpu"))
+def _check_matrix(name: str, t, shape) -> None:
+    """A stack matrix of ``shape``: a QuantizedMatrix, or a 2-D float32 / bfloat16 CPU tensor."""
+    if not isinstance(t, QuantizedMatrix):
+        check_tensor(name, t, dtypes=(torch.float32, torch.bfloat16), ndim=2, device=torch.device("cpu"))
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} has shape {list(t.shape)}, expected {list(shape)}")
+
+
+def _qkv_parts(qkv) -> tuple:
+    """A layer's q/k/v matrices as the native stack takes them: (qkv, None, None) or (q, k, v)."""
+    return tuple(qkv) if isinstance(qkv, (tuple, list)) else (qkv, None, None)
 
 
 class DecoderStack:
@@ -70,13 +73,9 @@ class DecoderStack:
         hidden = layers[0].post_norm.shape[0]
         head_dim = layers[0].k_pool.shape[-1]
         inter = layers[0].down.shape[1]
-        first = layers[0].qkv
-        quantized = isinstance(first, QuantizedMatrix)
-        wformat = first.format if quantized else first.dtype
-        if not quantized and wformat not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"DecoderStack weights must be float32, bfloat16 or quantized, got {wformat}")
-        shapes = {"qkv": ((num_heads + 2 * num_kv_heads) * head_dim, hidden), "o": (hidden, num_heads * head_dim),
-                  "gate_up": (2 * inter, hidden), "down": (hidden, inter)}
+        q_rows, kv_rows = num_heads * head_dim, num_kv_heads * head_dim
+        shapes = {"qkv": (q_rows + 2 * kv_rows, hidden), "o": (hidden, q_rows), "gate_up": (2 * inter, hidden),
+                  "down": (hidden, inter)}
         pool_shape, kv_dtype = tuple(layers[0].k_pool.shape), layers[0].k_pool.dtype
         if kv_dtype not in DTYPE_CODES:
             raise ValueError(f"KV pools have dtype {kv_dtype}: float32, float16 or bfloat16 expected")
@@ -84,10 +83,11 @@ class DecoderStack:
             raise ValueError(f"KV pools have shape {list(pool_shape)}, expected [slots, {num_kv_heads}, head_dim]")
         for i, L in enumerate(layers):
             for name, shape in shapes.items():
-                t = getattr(L, name)
-                _check_matrix(f"layer {i} {name}", t, wformat)
-                if tuple(t.shape) != shape:
-                    raise ValueError(f"layer {i} {name} has shape {list(t.shape)}, expected {list(shape)}")
+                if name == "qkv" and _qkv_parts(L.qkv)[1] is not None:
+                    for part, t, rows in zip("qkv", _qkv_parts(L.qkv), (q_rows, kv_rows, kv_rows)):
+                        _check_matrix(f"layer {i} {part}", t, (rows, hidden))
+                else:
+                    _check_matrix(f"layer {i} {name}", getattr(L, name), shape)
             for name in ("input_norm", "post_norm", "qkv_bias"):
                 t = getattr(L, name)
                 if t is not None:
@@ -107,9 +107,7 @@ class DecoderStack:
             if t.shape[1] != half or t.shape != model.cos.shape:
                 raise ValueError(f"{name} table has shape {list(t.shape)}, expected [max_positions, {half}]")
         if model.fc is not None:
-            _check_matrix("fc", model.fc, wformat)
-            if tuple(model.fc.shape) != (hidden, 2 * hidden):
-                raise ValueError(f"fc has shape {list(model.fc.shape)}, expected [{hidden}, {2 * hidden}]")
+            _check_matrix("fc", model.fc, (hidden, 2 * hidden))
             if (model.enorm is None) != (model.hnorm is None):
                 raise ValueError("enorm and hnorm go together: pass both or neither")
         for name in ("fc_bias", "enorm", "hnorm", "final_norm"):
@@ -120,15 +118,20 @@ class DecoderStack:
                     raise ValueError(f"{name} has {t.shape[0]} entries, expected {hidden}")
         self.layers, self.model, self.hidden, self.half = list(layers), model, hidden, half
         # Rows up to which every op of the per-op path runs natively (and so this stack may).
-        self.max_rows = min(SMALL_M_MAX_ROWS if wformat == torch.float32 else COMPACT_MAX_ROWS, NATIVE_MAX_ROWS)
+        matrices = [m for L in layers for m in (*_qkv_parts(L.qkv), L.o, L.gate_up, L.down) if m is not None]
+        matrices += [] if model.fc is None else [model.fc]
+        f32 = any(getattr(m, "dtype", None) == torch.float32 for m in matrices)
+        self.max_rows = min(SMALL_M_MAX_ROWS if f32 else COMPACT_MAX_ROWS, NATIVE_MAX_ROWS)
         self._checked_io = None   # (embed, lm_head) checked by ops.stack_drafting for drafting calls
         p = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+        code = lambda t: 0 if t is None else weight_format_code(t)  # noqa: E731
         self._native = _C.DecoderStack(
             hidden, num_heads, num_kv_heads, head_dim, inter, pool_shape[0], float(eps), float(head_dim ** -0.5),
-            weight_format_code(first), [(p(L.input_norm), p(L.post_norm), p(L.qkv), p(L.qkv_bias), p(L.o), p(L.gate_up),
-                            p(L.down), p(L.k_pool), p(L.v_pool)) for L in layers],
+            [(p(L.input_norm), p(L.post_norm), *(p(t) for t in _qkv_parts(L.qkv)), p(L.qkv_bias), p(L.o),
+              p(L.gate_up), p(L.down), p(L.k_pool), p(L.v_pool)) for L in layers],
+            [(*(code(t) for t in _qkv_parts(L.qkv)), code(L.o), code(L.gate_up), code(L.down)) for L in layers],
             tuple(p(getattr(model, n)) for n in ("cos", "sin", "fc", "fc_bias", "enorm", "hnorm", "final_norm")),
-            model.cos.shape[0], DTYPE_CODES[kv_dtype])
+            code(model.fc), model.cos.shape[0], DTYPE_CODES[kv_dtype])
 
     def accepts(self, x: torch.Tensor) -> bool:
         """Whether ``x`` is a step this stack runs: float32 CPU rows, at most ``max_rows``."""

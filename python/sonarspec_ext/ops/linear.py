@@ -154,15 +154,16 @@ def _cutlass_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
 def kernel_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
     """Gated SiLU MLP, ``down(silu(x @ gate^T) * (x @ up^T))``: ``gate_up_weight``
     (2 * intermediate, hidden) stacks the gate rows over the up rows, ``down_weight``
-    (hidden, intermediate), x (..., hidden) -> (..., hidden).
+    (hidden, intermediate), x (..., hidden) -> (..., hidden); each weight a float32 or
+    bfloat16 tensor or a ``QuantizedMatrix``, in its own format.
 
     float32 CPU inputs with few rows (as ``kernel_linear``) run as one native call; the
     result equals ``kernel_linear``, ``silu_and_mul``, ``kernel_linear`` in turn bit for
     bit, which is what every other case runs."""
-    quantized = isinstance(down_weight, QuantizedMatrix)
-    for name, w in (("gate_up_weight", gate_up_weight), ("down_weight", down_weight)):
-        if not (isinstance(w, QuantizedMatrix) if quantized else isinstance(w, torch.Tensor) and w.dim() == 2):
-            raise ValueError(f"{name} must be a 2-D tensor, or both quantized matrices")
+    weights = (gate_up_weight, down_weight)
+    for name, w in zip(("gate_up_weight", "down_weight"), weights):
+        if not (isinstance(w, QuantizedMatrix) or isinstance(w, torch.Tensor) and w.dim() == 2):
+            raise ValueError(f"{name} must be a 2-D tensor or a quantized matrix")
     H, inter = down_weight.shape
     if gate_up_weight.shape != (2 * inter, H):
         raise ValueError(f"gate_up_weight has shape {list(gate_up_weight.shape)}, expected [{2 * inter}, {H}] "
@@ -170,24 +171,14 @@ def kernel_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch
     if x.shape[-1] != H:
         raise ValueError(f"x has {x.shape[-1]} features, the MLP takes {H}")
     rows = x.numel() // H
-    if quantized:
-        if gate_up_weight.format != down_weight.format:
-            raise ValueError(f"gate_up_weight ({gate_up_weight.format}) and down_weight ({down_weight.format}) "
-                             f"must share a format")
-        if (0 < rows <= NATIVE_MAX_ROWS and x.device.type == "cpu" and x.dtype == torch.float32
-                and not (torch.is_grad_enabled() and x.requires_grad)):
-            return _native_mlp(x, gate_up_weight, down_weight, rows, H, inter)
-        return kernel_linear(silu_and_mul(kernel_linear(x, gate_up_weight)), down_weight)
-    if gate_up_weight.dtype != down_weight.dtype:
+    tensors = [w for w in weights if not isinstance(w, QuantizedMatrix)]
+    if len(tensors) == 2 and gate_up_weight.dtype != down_weight.dtype:
         raise ValueError(f"gate_up_weight ({gate_up_weight.dtype}) and down_weight ({down_weight.dtype}) "
                          f"must share a dtype")
-    compact = down_weight.dtype == torch.bfloat16
-    if (uses_native_gemm(rows, x.device, x.dtype, compact) and rows <= NATIVE_MAX_ROWS
-            and down_weight.dtype in (torch.float32, torch.bfloat16)
-            and gate_up_weight.is_contiguous() and down_weight.is_contiguous()
-            and gate_up_weight.device == x.device and down_weight.device == x.device
-            and not (torch.is_grad_enabled() and (x.requires_grad or gate_up_weight.requires_grad
-                                                  or down_weight.requires_grad))):
+    if (0 < rows <= NATIVE_MAX_ROWS and x.device.type == "cpu" and x.dtype == torch.float32
+            and all(w.dtype in (torch.float32, torch.bfloat16) and w.is_contiguous() and w.device == x.device
+                    and uses_native_gemm(rows, x.device, x.dtype, w.dtype == torch.bfloat16) for w in tensors)
+            and not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in tensors)))):
         return _native_mlp(x, gate_up_weight, down_weight, rows, H, inter)
     return kernel_linear(silu_and_mul(kernel_linear(x, gate_up_weight)), down_weight)
 
@@ -195,6 +186,6 @@ def kernel_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch
 def _native_mlp(x, gate_up_weight, down_weight, rows: int, H: int, inter: int) -> torch.Tensor:
     xc = x.contiguous()
     out = torch.empty(*x.shape[:-1], H, dtype=torch.float32)
-    _C.small_mlp(xc.data_ptr(), gate_up_weight.data_ptr(), down_weight.data_ptr(), out.data_ptr(), rows, H,
-                 inter, weight_format_code(down_weight), native_threads())
+    _C.small_mlp(xc.data_ptr(), gate_up_weight.data_ptr(), weight_format_code(gate_up_weight), down_weight.data_ptr(),
+                 weight_format_code(down_weight), out.data_ptr(), rows, H, inter, native_threads())
     return out

@@ -37,6 +37,7 @@ _FORMATS = {
 }
 QUANTIZED_FORMATS = tuple(_FORMATS)
 K_QUANTS = ("q4_k", "q6_k")   # no quantizer in gguf: only kept from files
+QUANTIZABLE_FORMATS = tuple(f for f in QUANTIZED_FORMATS if f not in K_QUANTS)   # float matrices -> blocks
 # sonarspec::WeightFormat codes of float matrices
 FLOAT_FORMAT_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -118,9 +119,8 @@ class QuantizedMatrix:
     def quantize(cls, w: torch.Tensor, fmt: str) -> "QuantizedMatrix":
         """A float matrix (n, k) quantized with ``gguf``'s quantizer (llama.cpp's rounding)."""
         import gguf
-        if fmt not in _FORMATS or fmt in K_QUANTS:
-            raise ValueError(f"cannot quantize to {fmt!r}; quantizable formats: "
-                             f"{', '.join(f for f in QUANTIZED_FORMATS if f not in K_QUANTS)} "
+        if fmt not in QUANTIZABLE_FORMATS:
+            raise ValueError(f"cannot quantize to {fmt!r}; quantizable formats: {', '.join(QUANTIZABLE_FORMATS)} "
                              f"(K-quant matrices are kept from GGUF files as they are)")
         if w.dim() != 2 or w.shape[1] % 32:
             raise ValueError(f"{fmt} quantizes matrices whose in_features are a multiple of 32, "

@@ -21,15 +21,22 @@ from ..ops.decoder_stack import DecoderStack, LayerTensors, ModelTensors
 def build_native_stack(model, kv_cache) -> Optional[DecoderStack]:
     """``model``'s layers (then its final norm; an MTP head's input projection first) as
     one ``ops.DecoderStack`` on ``kv_cache``'s float32 CPU pools, or None when they cannot
-    run as one (projections not fused, biases outside q/k/v, bfloat16 activations, CUDA):
+    run as one (gate and up not fused, biases outside q/k/v, bfloat16 activations, CUDA):
     the per-op path then runs them."""
     layers, rotary, final_norm, head_input = model.stack_parts()
     tensors, norms = [], [final_norm]
     for layer in layers:
         a, mlp = layer.self_attn, layer.mlp
-        if (a.qkv is None or mlp.gate_up is None or mlp.gate_up[1] is not None or a.o_proj.bias is not None
+        if (mlp.gate_up is None or mlp.gate_up[1] is not None or a.o_proj.bias is not None
                 or mlp.down_proj.bias is not None):
             return None
+        if a.qkv is not None:
+            qkv, qkv_bias = a.qkv
+        else:   # q, k, v of different formats, run side by side
+            projections = (a.q_proj, a.k_proj, a.v_proj)
+            if any(p.bias is not None for p in projections):
+                return None
+            qkv, qkv_bias = tuple(p.weight for p in projections), None
         in_norm, post_norm = layer.input_layernorm, layer.post_attention_layernorm
         if not isinstance(post_norm, RMSNorm) or not isinstance(in_norm, (RMSNorm, nn.Identity)):
             return None
@@ -38,7 +45,7 @@ def build_native_stack(model, kv_cache) -> Optional[DecoderStack]:
         k_pool, v_pool = kv_cache.layer(a.layer_idx)
         tensors.append(LayerTensors(
             input_norm=None if in_norm is None else in_norm.weight, post_norm=post_norm.weight,
-            qkv=a.qkv[0], qkv_bias=a.qkv[1], o=a.o_proj.weight,
+            qkv=qkv, qkv_bias=qkv_bias, o=a.o_proj.weight,
             gate_up=mlp.gate_up[0], down=mlp.down_proj.weight, k_pool=k_pool, v_pool=v_pool))
     enorm, hnorm, fc = head_input or (None, None, None)
     norms += [enorm, hnorm]

@@ -1,0 +1,85 @@
+#!/usr/bin/env python
+"""The native small-M GEMM per weight format - bfloat16 and every block format (Q8_0,
+Q4_0, Q4_1, Q4_K, Q6_K) - on d x d matrices cycled so that their bytes exceed the caches:
+time per matrix, the weight bytes it streamed per second, and that beside the read
+bandwidth measured in the same run (summing a 1 GiB buffer). Block matrices are random
+GGUF blocks (their values do not change the time). Median of the rounds.
+
+    python tools/bench_quant_gemm.py [--d 4096] [--rows 1 2 4 8] [--mib 1024] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import gguf
+import numpy as np
+import torch
+
+from sonarspec_ext import _C
+from sonarspec_ext.bench import read_bandwidth_gbs
+from sonarspec_ext.ops.linear import kernel_linear, native_gemm_threads
+from sonarspec_ext.ops.quantized import QUANTIZED_FORMATS, QuantizedMatrix
+
+
+def matrices(fmt: str, d: int, mib: int, rng) -> list:
+    """Enough d x d matrices of ``fmt`` for ``mib`` MiB of weights (at least two)."""
+    if fmt == "bf16":
+        one = d * d * 2
+        make = lambda: torch.randn(d, d).bfloat16()  # noqa: E731
+    else:
+        qtype = gguf.GGMLQuantizationType[fmt.upper()]
+        cols, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+        one = d * d // cols * nbytes
+
+        def make():
+            b = rng.integers(0, 256, size=(d, d // cols * nbytes), dtype=np.uint8)
+            return QuantizedMatrix.from_blocks(b, fmt, d)
+    return [make() for _ in range(max(2, (mib << 20) // one))], one
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--d", type=int, default=4096)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--mib", type=int, default=1024, help="weight bytes cycled per format")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    gbs = read_bandwidth_gbs()
+    print(f"d {args.d}, {args.threads} threads, {_C.quant_kernel()} kernel, read bandwidth {gbs:.1f} GB/s")
+    rows = []
+    for fmt in ("bf16",) + QUANTIZED_FORMATS:
+        ws, one = matrices(fmt, args.d, args.mib, rng)
+        for m in args.rows:
+            x = torch.randn(m, args.d)
+            with native_gemm_threads():
+                for w in ws:   # warm-up
+                    kernel_linear(x, w)
+                times = []
+                for _ in range(args.rounds):
+                    t0 = time.perf_counter()
+                    for w in ws:
+                        kernel_linear(x, w)
+                    times.append((time.perf_counter() - t0) / len(ws))
+            t = statistics.median(times)
+            row = {"format": fmt, "rows": m, "bytes": one, "us": round(t * 1e6, 1), "weight_gbs": round(one / t / 1e9, 2),
+                   "of_bandwidth": round(one / t / 1e9 / gbs, 3)}
+            rows.append(row)
+            print(f"  {fmt:5s} M {m}: {row['us']:8.1f} us per matrix ({one / 2**20:5.1f} MiB), "
+                  f"{row['weight_gbs']:5.1f} GB/s of weights = {row['of_bandwidth']:.0%} of the read bandwidth")
+        del ws
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"d": args.d, "threads": args.threads, "quant_kernel": _C.quant_kernel(),
+                       "read_bandwidth_gbs": round(gbs, 2), "mib": args.mib, "rounds": args.rounds,
+                       "torch": torch.__version__, "results": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
