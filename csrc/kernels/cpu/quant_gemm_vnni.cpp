@@ -96,7 +96,7 @@ QG_ATTR void q4k_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, 
     for (int p = 0; p < 6; ++p)
       runs[p] = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQ4kScales + 32 * p)));
     for (int g = 0; g < 4; ++g) {
-      prefetch_ahead(blk + g * (bb / 4), bb / 4 + 64);
+      prefetch_span(blk + g * (bb / 4), bb / 4);
       __m512i lo_sum[R], hi_sum[R];
       const int8_t* xq[R];
       for (int r = 0; r < R; ++r) {
@@ -144,7 +144,7 @@ QG_ATTR void q6k_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, 
     const uint8_t* blk = group + sb * bb;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
     for (int sub = 0; sub < 16; ++sub) {
-      if (sub % 4 == 0) prefetch_ahead(blk + (sub / 4) * (bb / 4), bb / 4 + 64);
+      if (sub % 4 == 0) prefetch_span(blk + (sub / 4) * (bb / 4), bb / 4);
       const __m512i run = _mm512_cvtepu16_epi32(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQ6kScales + 32 * (sub / 2))));
       const __m512i sc = _mm512_srai_epi32(sub % 2 ? _mm512_slli_epi32(run, 16) : _mm512_slli_epi32(run, 24), 24);

@@ -121,4 +121,12 @@ inline void prefetch_ahead(const uint8_t* blk, int64_t block_bytes) {
   for (int64_t l = 0; l < block_bytes; l += 64) __builtin_prefetch(blk + kPrefetchBlocks * block_bytes + l);
 }
 
+// The K-quant kernels walk a super-block in quarters: each prefetches its own bytes
+// kPrefetchBytes ahead (about Q4_1's distance of 8 blocks).
+constexpr int64_t kPrefetchBytes = 2560;
+
+inline void prefetch_span(const uint8_t* p, int64_t bytes) {
+  for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(p + kPrefetchBytes + l);
+}
+
 }  // namespace sonarspec
