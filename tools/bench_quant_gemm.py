@@ -68,8 +68,8 @@ def main() -> None:
                         kernel_linear(x, w)
                     times.append((time.perf_counter() - t0) / len(ws))
             t = statistics.median(times)
-            row = {"format": fmt, "rows": m, "bytes": one, "us": round(t * 1e6, 1), "weight_gbs": round(one / t / 1e9, 2),
-                   "of_bandwidth": round(one / t / 1e9 / gbs, 3)}
+            row = {"format": fmt, "rows": m, "bytes": one, "us": round(t * 1e6, 1),
+                   "weight_gbs": round(one / t / 1e9, 2), "of_bandwidth": round(one / t / 1e9 / gbs, 3)}
             rows.append(row)
             print(f"  {fmt:5s} M {m}: {row['us']:8.1f} us per matrix ({one / 2**20:5.1f} MiB), "
                   f"{row['weight_gbs']:5.1f} GB/s of weights = {row['of_bandwidth']:.0%} of the read bandwidth")

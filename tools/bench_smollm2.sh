@@ -50,3 +50,6 @@ python tools/bench_serve.py --model smollm2 --quantization auto --spec-control a
   --plot "$OUT/smollm2_serve_q4_1.png"
 python tools/bench_scaling.py --quantization auto --json "$OUT/smollm2_scaling_q4_1.json" \
   --plot "$OUT/smollm2_scaling_q4_1.png"
+# every block format's GEMM alone, and K-quant files of a Llama-shaped random model beside llama.cpp
+python tools/bench_quant_gemm.py --mib 512 --rounds 3 --json "$OUT/quant_gemm.json"
+python tools/bench_k_quants.py --json "$OUT/k_quants.json"

@@ -189,8 +189,8 @@ def test_a_file_of_mixed_k_quants_runs_them_natively(tmp_path):
         for i, (proj, qtype) in enumerate(kinds.items()):
             part = "self_attn" if proj.endswith(("q_proj", "k_proj", "v_proj")) else "mlp"
             d = 2e-4 if qtype == T.Q4_K else 1e-5
-            raw[f"model.layers.{layer}.{part}.{proj}.weight"] = (random_k_blocks(qtype, *shapes[proj], 10 * layer + i, d),
-                                                                 qtype)
+            blocks = random_k_blocks(qtype, *shapes[proj], 10 * layer + i, d)
+            raw[f"model.layers.{layer}.{part}.{proj}.weight"] = (blocks, qtype)
         o = load_model(hf).model.layers[layer].self_attn.o_proj.weight.detach().float().numpy()
         raw[f"model.layers.{layer}.self_attn.o_proj.weight"] = (gguf.quantize(o, T.Q8_0), T.Q8_0)
     path = write_gguf(hf, str(tmp_path / "m.gguf"), raw_tensors=raw)

@@ -158,7 +158,8 @@ for fmt, bpb in (("q4_k", 144), ("q6_k", 210)):
     for m, n, k in ((1, 37, 256), (5, 40, 512), (9, 23, 768)):
         b = rng.integers(0, 256, size=(n, k // 256, bpb), dtype=np.uint8)
         for at in ((0, 2) if fmt == "q4_k" else (208,)):
-            b[..., at:at + 2] = rng.normal(0, 1e-3, size=(n, k // 256)).astype(np.float16).view(np.uint8).reshape(n, -1, 2)
+            halves = rng.normal(0, 1e-3, size=(n, k // 256)).astype(np.float16)
+            b[..., at:at + 2] = halves.view(np.uint8).reshape(n, -1, 2)
         qm = QuantizedMatrix.from_blocks(b.reshape(n, -1), fmt, k)
         y = kernel_linear(torch.randn(m, k, generator=g) * 3, qm)
         out[f"{fmt} {m}x{n}x{k}"] = y.view(torch.int32).flatten().tolist()

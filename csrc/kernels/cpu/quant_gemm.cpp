@@ -138,8 +138,9 @@ void k_quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, We
             int32_t isum = -32 * x.s16[2 * b0 + sub];
             for (int u = 0; u < 4; ++u)
               for (int t = 0; t < 4; ++t) {
-                const int lo = (blk[kQ6kLow + 64 * (16 * h + (r0 % 64) / 4 + u) + 4 * lane + t] >> (4 * (r0 / 64))) & 15;
-                const int hi = (blk[kQ6kHigh + 64 * (8 * h + (r0 % 32) / 4 + u) + 4 * lane + t] >> (2 * (r0 / 32))) & 3;
+                const uint8_t low = blk[kQ6kLow + 64 * (16 * h + (r0 % 64) / 4 + u) + 4 * lane + t];
+                const uint8_t high = blk[kQ6kHigh + 64 * (8 * h + (r0 % 32) / 4 + u) + 4 * lane + t];
+                const int lo = (low >> (4 * (r0 / 64))) & 15, hi = (high >> (2 * (r0 / 32))) & 3;
                 isum += (lo | hi << 4) * xq[16 * sub + 4 * u + t];
               }
             acc = std::fma(static_cast<float>(isum), (d * static_cast<float>(sc)) * x.d[b0 + sub / 2], acc);

@@ -119,7 +119,8 @@ QG_ATTR void q4k_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, 
         const __m512i mn = j < 4 ? _mm512_and_si512(q4k_byte(runs, j + 4), six)
             : _mm512_or_si512(_mm512_srli_epi32(q4k_byte(runs, j + 4), 4),
                               _mm512_slli_epi32(_mm512_srli_epi32(q4k_byte(runs, j), 6), 4));
-        const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)), mins = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn));
+        const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+        const __m512 mins = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn));
         for (int r = 0; r < R; ++r) {
           const int64_t b = (r0 + r) * x.kb + sb * 8 + j;
           const __m512i isum = half ? hi_sum[r] : lo_sum[r];
