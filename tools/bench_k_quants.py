@@ -2,7 +2,8 @@
 """K-quant GGUF files beside llama.cpp: a random Llama-shaped model whose matrices are
 multiples of 256 wide (``bench.SYNTHETIC_200M``'s layers with SmolLM2's tokenizer, so
 llama.cpp loads it), written as F16 and converted by llama.cpp's own quantizer to Q4_K_M
-(Q4_K with Q6_K for some v / down matrices and the output) and Q4_0; plain greedy decoding
+(Q4_K with Q6_K for some v / down matrices and the output), Q5_K_M (the same with Q5_K) and
+Q4_0; plain greedy decoding
 at batch 1 for each file with sonarspec (``quantization="auto"``: K-quant blocks kept; and
 "none": dequantized to bfloat16) and llama.cpp (llama-cpp-python), beside the bytes per
 token and the read-bandwidth floor, in one run. Random weights: the speed is what counts
@@ -29,7 +30,8 @@ from sonarspec_ext.bench.quantized import _llama_cpp
 from sonarspec_ext.models.gguf import gguf_file
 from sonarspec_ext.models.loader import quantized_formats
 
-FTYPES = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
+FTYPES = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
+          "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
 
 
 def write_random_f16(path: str, tokenizer_gguf: str, seed: int = 0) -> str:

@@ -114,7 +114,7 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
                    help="adaptive: speculate only while it measures faster than plain decoding (probing both); "
                         "always: speculate every step")
     p.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,
-                   help="weight matrices: auto keeps a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks (CPU), none "
+                   help="weight matrices: auto keeps a GGUF file's Q8_0/Q4_0/Q4_1/K-quant blocks (CPU), none "
                         "dequantizes them at load, q8_0/q4_0/q4_1 quantize any checkpoint at load")
 
 

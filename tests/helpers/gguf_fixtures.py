@@ -94,7 +94,7 @@ def random_k_blocks(qtype, rows: int, cols: int, seed: int, d: float) -> np.ndar
     per_block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
     b = rng.integers(0, 256, size=(rows, cols // per_block, nbytes), dtype=np.uint8)
-    halves = (0, 2) if qtype == gguf.GGMLQuantizationType.Q4_K else (nbytes - 2,)
+    halves = (nbytes - 2,) if qtype == gguf.GGMLQuantizationType.Q6_K else (0, 2)
     for at in halves:
         b[..., at:at + 2] = np.abs(rng.normal(d, d / 4, size=b.shape[:2])).astype(np.float16).view(np.uint8).reshape(
             *b.shape[:2], 2)

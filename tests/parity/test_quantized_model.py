@@ -1,4 +1,4 @@
-"""Whole models on block-quantized weights: GGUF files keep their Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K blocks
+"""Whole models on block-quantized weights: GGUF files keep their Q8_0 / Q4_0 / Q4_1 / K-quant blocks
 ("auto"), float checkpoints quantize at load, every speculation scheme gives the quantized
 engine's own plain greedy tokens, and the option's errors are clear. SmolLM2's real Q4_1
 file against transformers' float model: see the tolerances stated in the test."""
@@ -171,8 +171,9 @@ def test_auto_loads_float_weights_without_a_simd_kernel(tiny_dir, tmp_path):
 
 @pytest.mark.skipif(__import__("sonarspec_ext")._C.quant_kernel() != "vnni",
                     reason="quantization='auto' keeps K-quant blocks only with AVX-512 VNNI")
-def test_a_file_of_mixed_k_quants_runs_them_natively(tmp_path):
-    """A Q4_K_M-like file (q, k, gate, up in Q4_K; v, down in Q6_K; o in Q8_0): "auto"
+@pytest.mark.parametrize("main", [T.Q4_K, T.Q5_K])
+def test_a_file_of_mixed_k_quants_runs_them_natively(tmp_path, main):
+    """A Q4_K_M / Q5_K_M-like file (q, k, gate, up in Q4_K / Q5_K; v, down in Q6_K; o in Q8_0): "auto"
     keeps every block byte for byte, q/k/v of different formats run side by side in the
     native stack, logits stay near the dequantized file's (int8 activations: < 3% of the
     largest logit), and speculation gives the quantized engine's plain greedy tokens."""
@@ -180,7 +181,7 @@ def test_a_file_of_mixed_k_quants_runs_them_natively(tmp_path):
     hf = str(tmp_path / "hf")
     make_hf_model(hf, "llama", seed=6, tie_word_embeddings=True, hidden_size=256, intermediate_size=512,
                   num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2)
-    kinds = {"q_proj": T.Q4_K, "k_proj": T.Q4_K, "gate_proj": T.Q4_K, "up_proj": T.Q4_K, "v_proj": T.Q6_K,
+    kinds = {"q_proj": main, "k_proj": main, "gate_proj": main, "up_proj": main, "v_proj": T.Q6_K,
              "down_proj": T.Q6_K}
     shapes = {"q_proj": (256, 256), "k_proj": (128, 256), "v_proj": (128, 256), "gate_proj": (512, 256),
               "up_proj": (512, 256), "down_proj": (256, 512)}
@@ -188,14 +189,14 @@ def test_a_file_of_mixed_k_quants_runs_them_natively(tmp_path):
     for layer in range(2):
         for i, (proj, qtype) in enumerate(kinds.items()):
             part = "self_attn" if proj.endswith(("q_proj", "k_proj", "v_proj")) else "mlp"
-            d = 2e-4 if qtype == T.Q4_K else 1e-5
+            d = {T.Q4_K: 2e-4, T.Q5_K: 1e-4}.get(qtype, 1e-5)
             blocks = random_k_blocks(qtype, *shapes[proj], 10 * layer + i, d)
             raw[f"model.layers.{layer}.{part}.{proj}.weight"] = (blocks, qtype)
         o = load_model(hf).model.layers[layer].self_attn.o_proj.weight.detach().float().numpy()
         raw[f"model.layers.{layer}.self_attn.o_proj.weight"] = (gguf.quantize(o, T.Q8_0), T.Q8_0)
     path = write_gguf(hf, str(tmp_path / "m.gguf"), raw_tensors=raw)
     q, f = load_model(path, quantization="auto"), load_model(path, quantization="none", compact_weights=False)
-    assert quantized_formats(q) == {"q4_k", "q6_k", "q8_0"}
+    assert quantized_formats(q) == {main.name.lower(), "q6_k", "q8_0"}
     layer = q.model.layers[1]
     assert layer.self_attn.qkv is None and layer.mlp.gate_up is not None   # q/k/v mixed, gate/up fused
     for proj in ("v_proj", "down_proj"):

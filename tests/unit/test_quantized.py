@@ -1,4 +1,4 @@
-"""Block-quantized GEMMs (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) against gguf's own quantizer and dequantizer:
+"""Block-quantized GEMMs (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) against gguf's own quantizer and dequantizer:
 the packing is a lossless byte permutation, and each product equals a float64 reference of
 (gguf-dequantized weights) x (the activations rounded per block of 32 to int8 by the stated
 rule) to float32 rounding; rows never depend on the row count, the thread count or the
@@ -21,6 +21,7 @@ from sonarspec_ext.ops.quantized import K_QUANTS, QUANTIZED_FORMATS, QuantizedMa
 FORMATS = list(QUANTIZED_FORMATS)
 # the float16 fields of each GGUF block (scales, offsets) and a magnitude giving weights ~0.1
 _HALVES = {"q8_0": ([0], 0.005), "q4_0": ([0], 0.02), "q4_1": ([0, 2], 0.02), "q4_k": ([0, 2], 0.001),
+           "q5_k": ([0, 2], 0.0005),
            "q6_k": ([208], 0.0005)}
 
 
@@ -154,10 +155,10 @@ y = kernel_linear(x, QuantizedMatrix.from_blocks(blocks.reshape(24, 68), "q8_0",
 out["q8_0 extremes"] = y.view(torch.int32).flatten().tolist()
 # K-quants: every scale and quant byte value, 1 to 9 activation rows
 rng = np.random.default_rng(5)
-for fmt, bpb in (("q4_k", 144), ("q6_k", 210)):
+for fmt, bpb in (("q4_k", 144), ("q5_k", 176), ("q6_k", 210)):
     for m, n, k in ((1, 37, 256), (5, 40, 512), (9, 23, 768)):
         b = rng.integers(0, 256, size=(n, k // 256, bpb), dtype=np.uint8)
-        for at in ((0, 2) if fmt == "q4_k" else (208,)):
+        for at in ((208,) if fmt == "q6_k" else (0, 2)):
             halves = rng.normal(0, 1e-3, size=(n, k // 256)).astype(np.float16)
             b[..., at:at + 2] = halves.view(np.uint8).reshape(n, -1, 2)
         qm = QuantizedMatrix.from_blocks(b.reshape(n, -1), fmt, k)

@@ -1,4 +1,4 @@
-// y = x @ w^T (+ bias) with w kept in a GGUF block format (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K): 32 weights
+// y = x @ w^T (+ bias) with w kept in a GGUF block format (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): 32 weights
 // of a row share a float16 scale d (Q4_1 also a float16 offset m), so a weight is
 // d * q (Q8_0, q int8), d * (q - 8) (Q4_0, q in 0..15) or d * q + m (Q4_1, q in 0..15).
 //
@@ -19,14 +19,16 @@
 // (d * sc_j) * q - dmin * m_j with llama.cpp's 6-bit sc_j, m_j. Q6_K has the rows' float16
 // d, its 16 int8 scales as 8 runs of 2 bytes x 16 rows, its 128 low-nibble bytes (ql) and
 // 64 high-bit bytes (qh) as chunks of 4 bytes x 16 rows; a weight of sub-block i (16
-// columns) is (d * sc_i) * (q - 32), q of 6 bits (GGUF's Q6_K bit layout).
+// columns) is (d * sc_i) * (q - 32), q of 6 bits (GGUF's Q6_K bit layout). Q5_K is Q4_K's
+// layout followed by its 32 fifth-bit bytes (qh) as 8 chunks of 4 bytes x 16 rows (bit j of
+// qh byte l: column l of sub-block j).
 //
 // Arithmetic (the contract the tests check): each row of x is quantized per block of 32
 // to int8, scale dx = amax / 127 and q = round(x / dx) (x * (1 / dx) in float32, nearest,
 // ties to even, clamped to +-127; dx = 0 for an all-zero block); per block, the integer
 // dot product of the quants is exact, and the output accumulates, block by block in
 // order, fma(float(isum), d * dx, acc) (Q4_1 then fma(m, dx * sum(qx), acc)). Every output
-// Q4_K accumulates per sub-block of 32 as Q4_1 does, with scale d * sc_j and offset
+// Q4_K (and Q5_K) accumulates per sub-block of 32 as Q4_1 does, with scale d * sc_j and offset
 // -(dmin * m_j) (both exact in float32); Q6_K per sub-block of 16, fma(float(isum - 32 *
 // sum(qx of the 16)), (d * sc_i) * dx, acc), in column order. Every output
 // depends on its own row of x and row of w only - never on m, the column range or the
@@ -39,7 +41,7 @@
 
 namespace sonarspec {
 
-// Columns of one block of `format`: 32, or 256 for the K-quants (Q4_K, Q6_K).
+// Columns of one block of `format`: 32, or 256 for the K-quants (Q4_K, Q5_K, Q6_K).
 int64_t quant_block_columns(WeightFormat format);
 
 // Bytes of a packed (n, k) matrix of `format` (k a multiple of its block columns).

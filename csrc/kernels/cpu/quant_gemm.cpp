@@ -116,7 +116,7 @@ void k_quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, We
         const int8_t* xq = x.q + i * x.k + sb * 256;
         const int64_t b0 = i * x.kb + sb * 8;   // the super-block's first activation block
         const float d = half_to_float(reinterpret_cast<const uint16_t*>(blk)[lane]);
-        if (f == WeightFormat::kQ4_K) {
+        if (f != WeightFormat::kQ6_K) {   // Q4_K, Q5_K: sub-blocks of 32 with a scale and a min
           const float dmin = half_to_float(reinterpret_cast<const uint16_t*>(blk + 32)[lane]);
           uint8_t bytes[12];
           for (int p = 0; p < 12; ++p) bytes[p] = blk[kQ4kScales + 32 * (p / 2) + 2 * lane + p % 2];
@@ -126,7 +126,8 @@ void k_quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, We
             for (int c = 0; c < 8; ++c)
               for (int t = 0; t < 4; ++t) {
                 const uint8_t byte = blk[kQ4kQuants + 64 * (8 * (sub / 2) + c) + 4 * lane + t];
-                isum += ((sub % 2 ? byte >> 4 : byte) & 0x0f) * xq[32 * sub + 4 * c + t];
+                const int high = f == WeightFormat::kQ5_K ? (blk[kQ5kHigh + 64 * c + 4 * lane + t] >> sub) & 1 : 0;
+                isum += (((sub % 2 ? byte >> 4 : byte) & 0x0f) | high << 4) * xq[32 * sub + 4 * c + t];
               }
             acc = std::fma(static_cast<float>(isum), (d * static_cast<float>(sc)) * x.d[b0 + sub], acc);
             acc = std::fma(-(dmin * static_cast<float>(mn)), x.ds[b0 + sub], acc);

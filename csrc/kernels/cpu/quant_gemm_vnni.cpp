@@ -82,10 +82,12 @@ QG_ATTR inline __m512i q4k_byte(const __m512i* runs, int p) {   // scale byte p 
   return p % 2 ? _mm512_srli_epi32(runs[p / 2], 8) : _mm512_and_si512(runs[p / 2], _mm512_set1_epi32(0xff));
 }
 
-template <int R>
+// Q5_K (F) adds each quant's fifth bit from its qh chunk (bit j for sub-block j).
+template <int R, WeightFormat F>
 QG_ATTR void q4k_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, float* y, int64_t ldy, int lanes) {
-  constexpr int64_t bb = quant_block_bytes(WeightFormat::kQ4_K);
+  constexpr int64_t bb = quant_block_bytes(F);
   const __m512i low4 = _mm512_set1_epi8(0x0f), six = _mm512_set1_epi32(63), four = _mm512_set1_epi32(0x0f);
+  const __m512i one = _mm512_set1_epi8(1);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < x.k / 256; ++sb) {
@@ -103,9 +105,15 @@ QG_ATTR void q4k_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, 
         lo_sum[r] = hi_sum[r] = _mm512_setzero_si512();
         xq[r] = x.q + (r0 + r) * x.k + sb * 256 + 64 * g;
       }
+      const __m128i lo_bit = _mm_cvtsi32_si128(2 * g), hi_bit = _mm_cvtsi32_si128(2 * g + 1);
       for (int c = 0; c < 8; ++c) {
         const __m512i raw = _mm512_loadu_si512(blk + kQ4kQuants + 64 * (8 * g + c));
-        const __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        if constexpr (F == WeightFormat::kQ5_K) {
+          const __m512i qh = _mm512_loadu_si512(blk + kQ5kHigh + 64 * c);
+          lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srl_epi16(qh, lo_bit), one), 4));
+          hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srl_epi16(qh, hi_bit), one), 4));
+        }
         for (int r = 0; r < R; ++r) {
           lo_sum[r] = _mm512_dpbusd_epi32(lo_sum[r], lo, bcast4(xq[r] + 4 * c));
           hi_sum[r] = _mm512_dpbusd_epi32(hi_sum[r], hi, bcast4(xq[r] + 32 + 4 * c));
@@ -194,8 +202,8 @@ QG_ATTR void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n
     for (int64_t r0 = 0; r0 < m; r0 += 8) {
       with_rows(m - r0, [&](auto rows) {
         constexpr int R = decltype(rows)::value;
-        if constexpr (F == WeightFormat::kQ4_K) {
-          q4k_rows<R>(x, r0, group, y + j, n, lanes);
+        if constexpr (F == WeightFormat::kQ4_K || F == WeightFormat::kQ5_K) {
+          q4k_rows<R, F>(x, r0, group, y + j, n, lanes);
         } else if constexpr (F == WeightFormat::kQ6_K) {
           q6k_rows<R>(x, r0, group, y + j, n, lanes);
         } else {

@@ -19,7 +19,9 @@ struct QuantizedRows {
   int64_t k = 0, kb = 0;         // columns, blocks of 32 (k = 32 kb)
 };
 
-constexpr bool is_k_quant(WeightFormat f) { return f == WeightFormat::kQ4_K || f == WeightFormat::kQ6_K; }
+constexpr bool is_k_quant(WeightFormat f) {
+  return f == WeightFormat::kQ4_K || f == WeightFormat::kQ5_K || f == WeightFormat::kQ6_K;
+}
 
 // Columns of one block: 32, or a K-quant super-block of 256.
 constexpr int64_t block_columns(WeightFormat f) { return is_k_quant(f) ? 256 : 32; }
@@ -30,16 +32,18 @@ constexpr int64_t quant_block_bytes(WeightFormat f) {
     case WeightFormat::kQ8_0: return 32 + 512;
     case WeightFormat::kQ4_1: return 64 + 256;
     case WeightFormat::kQ4_K: return 16 * 144;
+    case WeightFormat::kQ5_K: return 16 * 176;
     case WeightFormat::kQ6_K: return 16 * 210;
     default: return 32 + 256;
   }
 }
 
 // Byte offsets inside a packed K-quant super-block of 16 rows.
-constexpr int64_t kQ4kScales = 64, kQ4kQuants = 64 + 192;                    // after d, dmin
+constexpr int64_t kQ4kScales = 64, kQ4kQuants = 64 + 192;                    // after d, dmin (Q4_K, Q5_K)
+constexpr int64_t kQ5kHigh = kQ4kQuants + 2048;                               // Q5_K's fifth bits
 constexpr int64_t kQ6kScales = 32, kQ6kLow = 32 + 256, kQ6kHigh = 32 + 256 + 2048;   // after d
 
-// Q4_K's 6-bit scale and min of sub-block j from its 12 scale bytes b (llama.cpp's packing).
+// Q4_K's (and Q5_K's) 6-bit scale and min of sub-block j from its 12 scale bytes b (llama.cpp's packing).
 inline void q4k_scale_min(const uint8_t* b, int j, int32_t* sc, int32_t* m) {
   if (j < 4) {
     *sc = b[j] & 63;
@@ -91,6 +95,7 @@ template <typename Fn>
 void with_any_format(WeightFormat f, Fn&& fn) {
   switch (f) {
     case WeightFormat::kQ4_K: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ4_K>{});
+    case WeightFormat::kQ5_K: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ5_K>{});
     case WeightFormat::kQ6_K: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ6_K>{});
     default: return with_format(f, fn);
   }

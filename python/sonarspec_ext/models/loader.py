@@ -131,7 +131,7 @@ def resolve_quantization(quantization: str, path: str, device="cpu", dtype=torch
     name (every projection and the lm_head in it) or "file" (a GGUF file's own formats).
 
     "auto": a GGUF file with layer matrices in natively run formats (Q8_0, Q4_0, Q4_1, Q4_K,
-    Q6_K) keeps those ("file") where a SIMD kernel runs them (``ops.quantized.runs_fast``:
+    Q5_K, Q6_K) keeps those ("file") where a SIMD kernel runs them (``ops.quantized.runs_fast``:
     AVX-512 VNNI, or AVX2 without the K-quants), its other matrices loading as float; a
     file with none loads float weights. Block formats run on the CPU with float32
     activations: elsewhere "auto" means "none" and a format is an error."""

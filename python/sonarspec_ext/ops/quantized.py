@@ -1,4 +1,4 @@
-"""Block-quantized weight matrices: GGUF's Q8_0, Q4_0, Q4_1, Q4_K and Q6_K kept in their block formats
+"""Block-quantized weight matrices: GGUF's Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K kept in their block formats
 and repacked into the layout the native GEMM reads (``csrc/include/sonarspec/quant_gemm.h``).
 
 A ``QuantizedMatrix`` stands where a linear layer's (out_features, in_features) weight
@@ -33,10 +33,11 @@ _FORMATS = {
     "q4_0": _Spec(3, "Q4_0", 32, 18, ((0, 2),), ((2, 16, False),)),
     "q4_1": _Spec(4, "Q4_1", 32, 20, ((0, 4),), ((4, 16, False),)),
     "q4_k": _Spec(5, "Q4_K", 256, 144, ((0, 16),), ((16, 128, False),)),            # d, dmin, scales; qs
+    "q5_k": _Spec(7, "Q5_K", 256, 176, ((0, 16),), ((48, 128, False), (16, 32, False))),  # d, dmin, scales; qs, qh
     "q6_k": _Spec(6, "Q6_K", 256, 210, ((208, 2), (192, 16)), ((0, 128, False), (128, 64, False))),  # d, scales; ql, qh
 }
 QUANTIZED_FORMATS = tuple(_FORMATS)
-K_QUANTS = ("q4_k", "q6_k")   # no quantizer in gguf: only kept from files
+K_QUANTS = ("q4_k", "q5_k", "q6_k")   # no quantizer in gguf: only kept from files
 QUANTIZABLE_FORMATS = tuple(f for f in QUANTIZED_FORMATS if f not in K_QUANTS)   # float matrices -> blocks
 # sonarspec::WeightFormat codes of float matrices
 FLOAT_FORMAT_CODES = {torch.float32: 0, torch.bfloat16: 1}
