@@ -169,8 +169,7 @@ def test_auto_loads_float_weights_without_a_simd_kernel(tiny_dir, tmp_path):
     assert out.stdout.split() == ["none", "q8_0"]
 
 
-@pytest.mark.skipif(__import__("sonarspec_ext")._C.quant_kernel() != "vnni",
-                    reason="quantization='auto' keeps K-quant blocks only with AVX-512 VNNI")
+@needs_simd
 @pytest.mark.parametrize("main", [T.Q4_K, T.Q5_K])
 def test_a_file_of_mixed_k_quants_runs_them_natively(tmp_path, main):
     """A Q4_K_M / Q5_K_M-like file (q, k, gate, up in Q4_K / Q5_K; v, down in Q6_K; o in Q8_0): "auto"

@@ -7,8 +7,8 @@
 // Q8_0's bytes are made signed again (q + 128 -> q) and multiplied as |q| x (x signed
 // like q), at most 2 x 128 x 127 = 32512 per pair, folded per chunk. The integer dot
 // products are therefore exact, and the float step per block is quant_cols_scalar's, lane
-// by lane: the same bits as the portable loops and the VNNI kernel. K-quants run the
-// portable loops here.
+// by lane: the same bits as the portable loops and the VNNI kernel. K-quants: see
+// quant_gemm_avx2_k.cpp.
 #include <algorithm>
 
 #include "quant_kernels.h"
@@ -123,7 +123,7 @@ QV_ATTR void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n
 
 void quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                      int64_t n_begin, int64_t n_end) {
-  if (is_k_quant(f)) return k_quant_cols_scalar(x, m, w, f, n, y, n_begin, n_end);   // no AVX2 K-quant loops yet
+  if (is_k_quant(f)) return k_quant_cols_avx2(x, m, w, f, n, y, n_begin, n_end);
   with_format(f, [&](auto fmt) { cols<decltype(fmt)::value>(x, m, w, n, y, n_begin, n_end); });
 }
 #else

@@ -75,9 +75,12 @@ void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, Weight
 void quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                      int64_t n_begin, int64_t n_end);
 
-// The portable K-quant columns (quant_gemm.cpp); the AVX2 kernel runs them too.
+// The K-quant columns: portable (quant_gemm.cpp) and AVX2 (quant_gemm_avx2_k.cpp; the VNNI
+// kernel has its own).
 void k_quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                          int64_t n_begin, int64_t n_end);
+void k_quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
+                       int64_t n_begin, int64_t n_end);
 
 // fn(std::integral_constant<WeightFormat, F>{}) for the block format f (Q8_0, Q4_0, else
 // Q4_1): how each kernel picks its template instantiation for those three.

@@ -132,7 +132,7 @@ def resolve_quantization(quantization: str, path: str, device="cpu", dtype=torch
 
     "auto": a GGUF file with layer matrices in natively run formats (Q8_0, Q4_0, Q4_1, Q4_K,
     Q5_K, Q6_K) keeps those ("file") where a SIMD kernel runs them (``ops.quantized.runs_fast``:
-    AVX-512 VNNI, or AVX2 without the K-quants), its other matrices loading as float; a
+    AVX-512 VNNI or AVX2), its other matrices loading as float; a
     file with none loads float weights. Block formats run on the CPU with float32
     activations: elsewhere "auto" means "none" and a format is an error."""
     if quantization not in QUANTIZATION_CHOICES:

@@ -59,10 +59,9 @@ def block_columns(fmt: str) -> int:
 
 
 def runs_fast(fmt: str) -> bool:
-    """Whether ``fmt`` has SIMD loops on this CPU (``_C.quant_kernel()``): every format under
-    AVX-512 VNNI, all but the K-quants under AVX2, none on the portable path."""
-    kernel = _C.quant_kernel()
-    return kernel == "vnni" or kernel == "avx2" and fmt not in K_QUANTS
+    """Whether ``fmt`` has SIMD loops on this CPU (``_C.quant_kernel()``: AVX-512 VNNI or
+    AVX2 run every format; the portable loops are for correctness, not speed)."""
+    return fmt in _FORMATS and _C.quant_kernel() != "portable"
 
 
 class QuantizedMatrix:
