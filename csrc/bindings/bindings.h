@@ -11,7 +11,7 @@
 namespace sonarspec {
 // A WeightFormat from its Python code (ops.quantized.FORMAT_CODES); invalid_argument otherwise.
 inline WeightFormat weight_format_of(int code) {
-  if (code < 0 || code > static_cast<int>(WeightFormat::kQ5_K)) {
+  if (code < 0 || code > static_cast<int>(WeightFormat::kQ5_1)) {
     throw std::invalid_argument("invalid weight format code " + std::to_string(code));
   }
   return static_cast<WeightFormat>(code);

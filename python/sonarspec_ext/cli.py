@@ -115,7 +115,7 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
                         "always: speculate every step")
     p.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,
                    help="weight matrices: auto keeps a GGUF file's Q8_0/Q4_0/Q4_1/K-quant blocks (CPU), none "
-                        "dequantizes them at load, q8_0/q4_0/q4_1 quantize any checkpoint at load")
+                        "dequantizes them at load, q8_0/q4_0/q4_1/q5_0/q5_1 quantize any checkpoint at load")
 
 
 def _train_mtp(args) -> int:

@@ -6,7 +6,7 @@ from typing import List, Optional, Sequence, Union
 
 # How weight matrices load (models.loader.resolve_quantization): "auto", "none", or one of
 # the block formats the native GEMM runs (ops.quantized.QUANTIZED_FORMATS).
-QUANTIZATION_CHOICES = ("auto", "none", "q8_0", "q4_0", "q4_1")
+QUANTIZATION_CHOICES = ("auto", "none", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 SPEC_METHODS = ("none", "draft_target", "mtp", "eagle_tree", "ngram")
 

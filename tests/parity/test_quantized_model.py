@@ -30,7 +30,7 @@ def tiny_dir(tmp_path_factory):
 
 
 @needs_simd
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1])
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1])
 def test_gguf_blocks_are_kept_and_close_to_their_float_model(tiny_dir, tmp_path, qtype):
     """"auto" keeps the file's blocks, byte for byte; logits stay near the same file
     dequantized ("none", which test_gguf ties to transformers): the activations' int8
@@ -86,13 +86,13 @@ def test_quantization_option_errors(tiny_dir, tmp_path):
     assert QUANTIZATION_CHOICES == ("auto", "none") + QUANTIZABLE_FORMATS
     with pytest.raises(ValueError, match="SpecConfig.quantization must be one of"):
         SpecConfig(method="draft_target", quantization="int4")
-    with pytest.raises(ValueError, match="must be one of auto, none, q8_0, q4_0, q4_1"):
+    with pytest.raises(ValueError, match="must be one of auto, none, q8_0, q4_0, q4_1, q5_0, q5_1"):
         LLM("default", quantization="q5_k")
     with pytest.raises(ValueError, match="runs on the CPU with float32 activations"):
         load_model(tiny_dir, dtype="bfloat16", quantization="q8_0")
     assert not quantized_formats(load_model(tiny_dir, quantization="auto"))   # a float checkpoint stays float
-    q5 = write_gguf(tiny_dir, str(tmp_path / "q5.gguf"), qtype=T.Q5_0)        # no native Q5_0 kernel: float
-    assert not quantized_formats(load_model(q5, quantization="auto"))
+    bf16 = write_gguf(tiny_dir, str(tmp_path / "bf16.gguf"), qtype=T.BF16)     # no block format in it: float
+    assert not quantized_formats(load_model(bf16, quantization="auto"))
     with pytest.raises(ValueError, match="writes float checkpoints"):
         save_model(load_model(tiny_dir, quantization="q8_0"), str(tmp_path / "out"))
     odd = str(tmp_path / "odd")

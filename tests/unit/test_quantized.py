@@ -21,7 +21,7 @@ from sonarspec_ext.ops.quantized import K_QUANTS, QUANTIZED_FORMATS, QuantizedMa
 FORMATS = list(QUANTIZED_FORMATS)
 # the float16 fields of each GGUF block (scales, offsets) and a magnitude giving weights ~0.1
 _HALVES = {"q8_0": ([0], 0.005), "q4_0": ([0], 0.02), "q4_1": ([0, 2], 0.02), "q4_k": ([0, 2], 0.001),
-           "q5_k": ([0, 2], 0.0005),
+           "q5_k": ([0, 2], 0.0005), "q5_0": ([0], 0.01), "q5_1": ([0, 2], 0.01),
            "q6_k": ([208], 0.0005)}
 
 
@@ -140,7 +140,7 @@ from sonarspec_ext.ops.linear import kernel_linear
 from sonarspec_ext.ops.quantized import QuantizedMatrix
 g = torch.Generator().manual_seed(11)
 out = {"kernel": _C.quant_kernel()}
-for fmt in ("q8_0", "q4_0", "q4_1"):
+for fmt in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
     for m, n, k in ((1, 37, 96), (5, 40, 64), (9, 23, 160), (4, 16, 32)):
         qm = QuantizedMatrix.quantize(torch.randn(n, k, generator=g), fmt)
         y = kernel_linear(torch.randn(m, k, generator=g) * 3, qm)
@@ -211,7 +211,7 @@ def test_bad_shapes_and_formats_raise():
     with pytest.raises(ValueError, match="row indices"):
         qm.select_rows(torch.tensor([16]))
     with pytest.raises(ValueError, match="invalid weight format"):
-        _C.small_gemm(0, 0, 0, 0, 1, 1, 32, 1, 9)
+        _C.small_gemm(0, 0, 0, 0, 1, 1, 32, 1, 10)
     with pytest.raises(ValueError, match="multiple of 32"):
         _C.quant_packed_bytes(2, 16, 48)
     with pytest.raises(ValueError, match="multiple of 256"):

@@ -34,7 +34,8 @@ bool amx_available();
 
 // How a weight matrix is stored: float32, bfloat16 bits, or one of quant_gemm.h's packed
 // GGUF block formats. The codes are the Python side's (ops.quantized.FORMAT_CODES).
-enum class WeightFormat : int { kF32 = 0, kBF16 = 1, kQ8_0 = 2, kQ4_0 = 3, kQ4_1 = 4, kQ4_K = 5, kQ6_K = 6, kQ5_K = 7 };
+enum class WeightFormat : int { kF32 = 0, kBF16 = 1, kQ8_0 = 2, kQ4_0 = 3, kQ4_1 = 4, kQ4_K = 5, kQ6_K = 6, kQ5_K = 7,
+                               kQ5_0 = 8, kQ5_1 = 9 };
 
 // The GEMM for the weights' format: small_gemm_f32, small_gemm_bf16w or quant_gemm.
 void small_gemm_any(const float* x, const void* w, WeightFormat format, const float* bias, float* y, int64_t m,

@@ -42,7 +42,8 @@ Kernel kernel_here() {
 }
 
 bool is_quantized(WeightFormat f) {
-  return f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1 || is_k_quant(f);
+  return f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1 || has_fifth_bit(f) ||
+         is_k_quant(f);
 }
 
 // Per-thread storage of one call's quantized activations.
@@ -156,7 +157,7 @@ void k_quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, We
 void quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                        int64_t n_begin, int64_t n_end) {
   if (is_k_quant(f)) return k_quant_cols_scalar(x, m, w, f, n, y, n_begin, n_end);
-  const int64_t bb = quant_block_bytes(f), kb = x.kb, qoff = f == WeightFormat::kQ4_1 ? 64 : 32;
+  const int64_t bb = quant_block_bytes(f), kb = x.kb, qoff = quants_offset(f);
   const int32_t off = quant_offset(f);
   for (int64_t j = n_begin; j < n_end; ++j) {
     const uint8_t* group = w + (j / 16) * kb * bb;
@@ -172,15 +173,18 @@ void quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, Weig
           for (int c = 0; c < 8; ++c)
             for (int t = 0; t < 4; ++t) isum += blk[qoff + 64 * c + 4 * lane + t] * xq[4 * c + t];
         } else {
+          const uint32_t qh = has_fifth_bit(f) ? fifth_bits(blk, f, lane) : 0;
           for (int c = 0; c < 4; ++c)
             for (int t = 0; t < 4; ++t) {
               const uint8_t byte = blk[qoff + 64 * c + 4 * lane + t];
-              isum += (byte & 0x0f) * xq[4 * c + t] + (byte >> 4) * xq[16 + 4 * c + t];
+              const int col = 4 * c + t, lo = (byte & 0x0f) | ((qh >> col) & 1) << 4;
+              const int hi = (byte >> 4) | ((qh >> (16 + col)) & 1) << 4;
+              isum += lo * xq[col] + hi * xq[16 + col];
             }
         }
         const float scale = half_to_float(scales[lane]) * x.d[i * kb + b];
         acc = std::fma(static_cast<float>(isum), scale, acc);
-        if (f == WeightFormat::kQ4_1) acc = std::fma(half_to_float(scales[16 + lane]), x.ds[i * kb + b], acc);
+        if (has_min(f)) acc = std::fma(half_to_float(scales[16 + lane]), x.ds[i * kb + b], acc);
       }
       y[i * n + j] = acc;
     }

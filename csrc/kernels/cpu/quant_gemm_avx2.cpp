@@ -32,12 +32,20 @@ QV_ATTR inline __m256i bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// Bits n..n+3 of each lane of qh moved to bit 4 of the lane's 4 bytes (as in the VNNI kernel).
+QV_ATTR inline __m256i fifth(__m256i qh, int n) {
+  const __m256i v = _mm256_and_si256(_mm256_srlv_epi32(qh, _mm256_set1_epi32(n)), _mm256_set1_epi32(0x0f));
+  return _mm256_slli_epi32(
+      _mm256_and_si256(_mm256_mullo_epi32(v, _mm256_set1_epi32(0x00204081)), _mm256_set1_epi32(0x01010101)), 4);
+}
+
 // Rows [r0, r0 + R) of x against weight rows 8h..8h+7 of one group (h = 0, 1); lanes < lanes
 // of the 8 are stored.
 template <int R, WeightFormat F>
 QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, int h, float* y, int64_t ldy,
                        int lanes) {
-  constexpr int64_t bb = quant_block_bytes(F), qoff = F == WeightFormat::kQ4_1 ? 64 : 32;
+  constexpr int64_t bb = quant_block_bytes(F), qoff = quants_offset(F);
+  constexpr int32_t off = quant_offset(F);
   const int64_t kb = x.kb;
   const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(-128);
   __m256 acc[R];
@@ -60,22 +68,35 @@ QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group,
         }
       }
     } else {
-      __m256i pairs[R];
-      for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
+      __m256i pairs[R], qh = _mm256_setzero_si256();
+      for (int r = 0; r < R; ++r) pairs[r] = isum[r] = _mm256_setzero_si256();
+      if constexpr (has_fifth_bit(F)) {
+        const uint8_t* hp = blk + fifth_bits_offset(F) + 16 * h;
+        qh = _mm256_or_si256(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hp))),
+                             _mm256_slli_epi32(_mm256_cvtepu16_epi32(
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(hp + 32))), 16));
+      }
       for (int c = 0; c < 4; ++c) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * c));
-        const __m256i lo = _mm256_and_si256(raw, low4);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+        __m256i lo = _mm256_and_si256(raw, low4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+        if constexpr (has_fifth_bit(F)) {
+          lo = _mm256_or_si256(lo, fifth(qh, 4 * c));
+          hi = _mm256_or_si256(hi, fifth(qh, 16 + 4 * c));
+        }
         for (int r = 0; r < R; ++r) {
           pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, bcast4(xq[r] + 4 * c)));
           pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(hi, bcast4(xq[r] + 16 + 4 * c)));
         }
+        if (has_fifth_bit(F) ? c % 2 == 1 : c == 3) {   // 5-bit pair sums reach 7874: fold every 2 chunks
+          for (int r = 0; r < R; ++r) {
+            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs[r], ones));
+            pairs[r] = _mm256_setzero_si256();
+          }
+        }
       }
       for (int r = 0; r < R; ++r) {
-        isum[r] = _mm256_madd_epi16(pairs[r], ones);
-        if (F == WeightFormat::kQ4_0) {
-          isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(8 * x.s[(r0 + r) * kb + b]));
-        }
+        if (off) isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(off * x.s[(r0 + r) * kb + b]));
       }
     }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
@@ -83,7 +104,7 @@ QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group,
       const int64_t i = (r0 + r) * kb + b;
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[i])), acc[r]);
     }
-    if (F == WeightFormat::kQ4_1) {
+    if (has_min(F)) {
       const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * h)));
       for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x.ds[(r0 + r) * kb + b]), acc[r]);
     }

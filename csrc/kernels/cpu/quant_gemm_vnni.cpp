@@ -25,11 +25,19 @@ QG_ATTR inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
+// Bits n..n+3 of each lane of qh moved to bit 4 of the lane's 4 bytes: Q5_0 / Q5_1's fifth
+// bits of 4 columns (x 0x00204081 puts bit i at bit 8i, which no other bit reaches).
+QG_ATTR inline __m512i fifth(__m512i qh, int n) {
+  const __m512i v = _mm512_and_si512(_mm512_srlv_epi32(qh, _mm512_set1_epi32(n)), _mm512_set1_epi32(0x0f));
+  return _mm512_slli_epi32(
+      _mm512_and_si512(_mm512_mullo_epi32(v, _mm512_set1_epi32(0x00204081)), _mm512_set1_epi32(0x01010101)), 4);
+}
+
 // Rows [r0, r0 + R) of x against the 16 weight rows of one group; lanes < lanes are stored.
 template <int R, WeightFormat F>
 QG_ATTR void group_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, float* y, int64_t ldy,
                         int lanes) {
-  constexpr int64_t bb = quant_block_bytes(F), qoff = F == WeightFormat::kQ4_1 ? 64 : 32;
+  constexpr int64_t bb = quant_block_bytes(F), qoff = quants_offset(F);
   constexpr int32_t off = quant_offset(F);
   const int64_t kb = x.kb;
   const __m512i low4 = _mm512_set1_epi8(0x0f);
@@ -51,10 +59,21 @@ QG_ATTR void group_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group
         for (int r = 0; r < R; ++r) isum[r] = _mm512_dpbusd_epi32(isum[r], wv, bcast4(xq[r] + 4 * c));
       }
     } else {
+      __m512i qh = _mm512_setzero_si512();
+      if constexpr (has_fifth_bit(F)) {
+        const uint8_t* h = blk + fifth_bits_offset(F);
+        qh = _mm512_or_si512(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h))),
+                             _mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 32))), 16));
+      }
       for (int c = 0; c < 4; ++c) {
         const __m512i raw = _mm512_loadu_si512(qs + 64 * c);
-        const __m512i lo = _mm512_and_si512(raw, low4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        __m512i lo = _mm512_and_si512(raw, low4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        if constexpr (has_fifth_bit(F)) {
+          lo = _mm512_or_si512(lo, fifth(qh, 4 * c));
+          hi = _mm512_or_si512(hi, fifth(qh, 16 + 4 * c));
+        }
         for (int r = 0; r < R; ++r) {
           isum[r] = _mm512_dpbusd_epi32(isum[r], lo, bcast4(xq[r] + 4 * c));
           isum[r] = _mm512_dpbusd_epi32(isum[r], hi, bcast4(xq[r] + 16 + 4 * c));
@@ -66,7 +85,7 @@ QG_ATTR void group_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(r0 + r) * kb + b]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), scale, acc[r]);
     }
-    if (F == WeightFormat::kQ4_1) {
+    if (has_min(F)) {
       const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
       for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x.ds[(r0 + r) * kb + b]), acc[r]);
     }

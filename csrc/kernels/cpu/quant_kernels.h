@@ -31,6 +31,8 @@ constexpr int64_t quant_block_bytes(WeightFormat f) {
   switch (f) {
     case WeightFormat::kQ8_0: return 32 + 512;
     case WeightFormat::kQ4_1: return 64 + 256;
+    case WeightFormat::kQ5_0: return 32 + 64 + 256;
+    case WeightFormat::kQ5_1: return 64 + 64 + 256;
     case WeightFormat::kQ4_K: return 16 * 144;
     case WeightFormat::kQ5_K: return 16 * 176;
     case WeightFormat::kQ6_K: return 16 * 210;
@@ -54,9 +56,25 @@ inline void q4k_scale_min(const uint8_t* b, int j, int32_t* sc, int32_t* m) {
   }
 }
 
-// The integer offset folded into Q8_0 (weights stored as q + 128) and Q4_0 (q - 8) sums.
+// The integer offset folded into Q8_0 (weights stored as q + 128), Q4_0 (q - 8) and Q5_0
+// (q - 16) sums.
 constexpr int32_t quant_offset(WeightFormat f) {
-  return f == WeightFormat::kQ8_0 ? 128 : f == WeightFormat::kQ4_0 ? 8 : 0;
+  return f == WeightFormat::kQ8_0 ? 128 : f == WeightFormat::kQ4_0 ? 8 : f == WeightFormat::kQ5_0 ? 16 : 0;
+}
+
+// 32-column formats with an offset per block (m), and with a fifth bit per quant (qh).
+constexpr bool has_min(WeightFormat f) { return f == WeightFormat::kQ4_1 || f == WeightFormat::kQ5_1; }
+constexpr bool has_fifth_bit(WeightFormat f) { return f == WeightFormat::kQ5_0 || f == WeightFormat::kQ5_1; }
+
+// Byte offsets in a packed 32-column block: the fifth bits (2 runs of 2 bytes x 16 rows),
+// then the quant chunks.
+constexpr int64_t fifth_bits_offset(WeightFormat f) { return has_min(f) ? 64 : 32; }
+constexpr int64_t quants_offset(WeightFormat f) { return fifth_bits_offset(f) + (has_fifth_bit(f) ? 64 : 0); }
+
+// Row r's 32 fifth bits (bit j: column j) of a packed Q5_0 / Q5_1 block.
+inline uint32_t fifth_bits(const uint8_t* blk, WeightFormat f, int64_t r) {
+  const uint8_t* h = blk + fifth_bits_offset(f) + 2 * r;
+  return h[0] | h[1] << 8 | static_cast<uint32_t>(h[32]) << 16 | static_cast<uint32_t>(h[33]) << 24;
 }
 
 // Quantizes blocks of 32 floats: q[32 b + t], d[b], s[b] (sum of the block's quants),
@@ -82,13 +100,15 @@ void k_quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, We
 void k_quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                        int64_t n_begin, int64_t n_end);
 
-// fn(std::integral_constant<WeightFormat, F>{}) for the block format f (Q8_0, Q4_0, else
-// Q4_1): how each kernel picks its template instantiation for those three.
+// fn(std::integral_constant<WeightFormat, F>{}) for the 32-column block format f (Q8_0,
+// Q4_0, Q5_0, Q5_1, else Q4_1): how each kernel picks its template instantiation for them.
 template <typename Fn>
 void with_format(WeightFormat f, Fn&& fn) {
   switch (f) {
     case WeightFormat::kQ8_0: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ8_0>{});
     case WeightFormat::kQ4_0: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ4_0>{});
+    case WeightFormat::kQ5_0: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ5_0>{});
+    case WeightFormat::kQ5_1: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ5_1>{});
     default: return fn(std::integral_constant<WeightFormat, WeightFormat::kQ4_1>{});
   }
 }

@@ -2,8 +2,8 @@
 llama.cpp (through ``llama-cpp-python``, when importable) on the same files, and bytes
 streamed per token beside the read-bandwidth floor, in one process.
 
-The files: the model's own GGUF, plus - with llama-cpp-python - Q8_0 and BF16 versions
-made by llama.cpp's own quantizer (``llama_model_quantize``) from it, so both engines read
+The files: the model's own GGUF, plus - with llama-cpp-python - Q4_K_M, Q8_0 and BF16
+versions made by llama.cpp's own quantizer (``llama_model_quantize``) from it, so both engines read
 the same bytes. sonarspec loads each with ``quantization="auto"`` (a BF16 file runs on its
 bfloat16 kernels). Prompts: the held-out chat questions of ``bench.spec``, rendered with
 the chat template, batch 1, greedy, ``max_tokens`` tokens each (end-of-sequence ignored
@@ -28,7 +28,8 @@ from ..llm import LLM
 from ..models.gguf import gguf_file
 from ..params import SamplingParams
 
-LLAMA_FTYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "bf16": "LLAMA_FTYPE_MOSTLY_BF16"}
+LLAMA_FTYPES = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+                "bf16": "LLAMA_FTYPE_MOSTLY_BF16"}
 
 
 def _has_llama_cpp() -> bool:

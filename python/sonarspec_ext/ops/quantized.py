@@ -1,4 +1,4 @@
-"""Block-quantized weight matrices: GGUF's Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K kept in their block formats
+"""Block-quantized weight matrices: GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K kept in their block formats
 and repacked into the layout the native GEMM reads (``csrc/include/sonarspec/quant_gemm.h``).
 
 A ``QuantizedMatrix`` stands where a linear layer's (out_features, in_features) weight
@@ -32,6 +32,8 @@ _FORMATS = {
     "q8_0": _Spec(2, "Q8_0", 32, 34, ((0, 2),), ((2, 32, True),)),
     "q4_0": _Spec(3, "Q4_0", 32, 18, ((0, 2),), ((2, 16, False),)),
     "q4_1": _Spec(4, "Q4_1", 32, 20, ((0, 4),), ((4, 16, False),)),
+    "q5_0": _Spec(8, "Q5_0", 32, 22, ((0, 2), (2, 4)), ((6, 16, False),)),     # d, qh; qs
+    "q5_1": _Spec(9, "Q5_1", 32, 24, ((0, 4), (4, 4)), ((8, 16, False),)),     # d, m, qh; qs
     "q4_k": _Spec(5, "Q4_K", 256, 144, ((0, 16),), ((16, 128, False),)),            # d, dmin, scales; qs
     "q5_k": _Spec(7, "Q5_K", 256, 176, ((0, 16),), ((48, 128, False), (16, 32, False))),  # d, dmin, scales; qs, qh
     "q6_k": _Spec(6, "Q6_K", 256, 210, ((208, 2), (192, 16)), ((0, 128, False), (128, 64, False))),  # d, scales; ql, qh
