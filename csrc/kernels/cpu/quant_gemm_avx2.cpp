@@ -11,26 +11,15 @@
 // quant_gemm_avx2_k.cpp.
 #include <algorithm>
 
+#include "quant_avx2.h"
 #include "quant_kernels.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 namespace sonarspec {
 
 #if defined(__x86_64__)
 namespace {
 
-#define QV_ATTR __attribute__((target("avx2,fma,f16c")))
-
-constexpr int kRowsPerPass = 4;   // activation rows per pass: 2 x 4 accumulators + temporaries in 16 registers
-
-QV_ATTR inline __m256i bcast4(const int8_t* p) {
-  int32_t v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return _mm256_set1_epi32(v);
-}
+using avx2::bcast4;
 
 // Bits n..n+3 of each lane of qh moved to bit 4 of the lane's 4 bytes (as in the VNNI kernel).
 QV_ATTR inline __m256i fifth(__m256i qh, int n) {
@@ -109,35 +98,15 @@ QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group,
       for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x.ds[(r0 + r) * kb + b]), acc[r]);
     }
   }
-  if (lanes == 8) {
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy, acc[r]);
-    return;
-  }
-  for (int r = 0; r < R; ++r) {
-    alignas(32) float out[8];
-    _mm256_store_ps(out, acc[r]);
-    std::copy(out, out + lanes, y + (r0 + r) * ldy);
-  }
+  avx2::store_rows(acc, y, r0, ldy, lanes);
 }
 
 template <WeightFormat F>
-QV_ATTR void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n, float* y, int64_t n_begin,
-                  int64_t n_end) {
-  const int64_t group_bytes = x.kb * quant_block_bytes(F);
-  for (int64_t j = n_begin; j < n_end; j += 8) {
-    const uint8_t* group = w + (j / 16) * group_bytes;
-    const int h = static_cast<int>((j / 8) % 2);
-    const int lanes = static_cast<int>(std::min<int64_t>(8, n_end - j));
-    for (int64_t r0 = 0; r0 < m; r0 += kRowsPerPass) {
-      float* out = y + j;
-      switch (std::min<int64_t>(kRowsPerPass, m - r0)) {
-        case 1: half_rows<1, F>(x, r0, group, h, out, n, lanes); break;
-        case 2: half_rows<2, F>(x, r0, group, h, out, n, lanes); break;
-        case 3: half_rows<3, F>(x, r0, group, h, out, n, lanes); break;
-        default: half_rows<4, F>(x, r0, group, h, out, n, lanes); break;
-      }
-    }
-  }
+void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n, float* y, int64_t n_begin, int64_t n_end) {
+  avx2::for_halves(m, w, x.kb * quant_block_bytes(F), y, n_begin, n_end,
+                   [&](auto rows, int64_t r0, const uint8_t* group, int h, float* out, int lanes) {
+                     half_rows<decltype(rows)::value, F>(x, r0, group, h, out, n, lanes);
+                   });
 }
 
 }  // namespace

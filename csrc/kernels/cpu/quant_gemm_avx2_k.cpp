@@ -7,48 +7,35 @@
 // before each fold: the integer sums are exact, and the float steps are
 // k_quant_cols_scalar's, lane by lane - the same bits as the portable loops and the VNNI
 // kernel.
-#include <algorithm>
-
+#include "quant_avx2.h"
 #include "quant_kernels.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 namespace sonarspec {
 
 #if defined(__x86_64__)
 namespace {
 
-#define QK_ATTR __attribute__((target("avx2,fma,f16c")))
+using avx2::bcast4;
 
-constexpr int kRowsPerPass = 4;
-
-QK_ATTR inline __m256i bcast4(const int8_t* p) {
-  int32_t v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return _mm256_set1_epi32(v);
-}
-
-QK_ATTR inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+QV_ATTR inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 // 8 rows' 16-bit values at p (16 bytes) widened to int32 lanes.
-QK_ATTR inline __m256i rows16(const uint8_t* p) {
+QV_ATTR inline __m256i rows16(const uint8_t* p) {
   return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-QK_ATTR inline __m256 halves8(const uint8_t* p) {   // 8 rows' float16 values
+QV_ATTR inline __m256 halves8(const uint8_t* p) {   // 8 rows' float16 values
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 // Scale byte p of Q4_K's 12 (rows 8h..8h+7), from the runs of 2 bytes.
-QK_ATTR inline __m256i scale_byte(const uint8_t* blk, int h, int p) {
+QV_ATTR inline __m256i scale_byte(const uint8_t* blk, int h, int p) {
   const __m256i v = rows16(blk + kQ4kScales + 32 * (p / 2) + 16 * h);
   return p % 2 ? _mm256_srli_epi32(v, 8) : _mm256_and_si256(v, _mm256_set1_epi32(0xff));
 }
 
 template <int R>
-QK_ATTR inline void fold(__m256i (&pairs)[R], __m256i (&isum)[R]) {
+QV_ATTR inline void fold(__m256i (&pairs)[R], __m256i (&isum)[R]) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (int r = 0; r < R; ++r) {
     isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs[r], ones));
@@ -58,7 +45,7 @@ QK_ATTR inline void fold(__m256i (&pairs)[R], __m256i (&isum)[R]) {
 
 // Rows [r0, r0 + R) of x against weight rows 8h..8h+7 of one group; lanes < lanes stored.
 template <int R, WeightFormat F>
-QK_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, int h, float* y, int64_t ldy,
+QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, int h, float* y, int64_t ldy,
                        int lanes) {
   constexpr int64_t bb = quant_block_bytes(F);
   const __m256i low4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
@@ -142,30 +129,15 @@ QK_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group,
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    alignas(32) float out[8];
-    _mm256_store_ps(out, acc[r]);
-    std::copy(out, out + lanes, y + (r0 + r) * ldy);
-  }
+  avx2::store_rows(acc, y, r0, ldy, lanes);
 }
 
 template <WeightFormat F>
-QK_ATTR void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n, float* y, int64_t n_begin,
-                  int64_t n_end) {
-  const int64_t group_bytes = x.k / 256 * quant_block_bytes(F);
-  for (int64_t j = n_begin; j < n_end; j += 8) {
-    const uint8_t* group = w + (j / 16) * group_bytes;
-    const int h = static_cast<int>((j / 8) % 2);
-    const int lanes = static_cast<int>(std::min<int64_t>(8, n_end - j));
-    for (int64_t r0 = 0; r0 < m; r0 += kRowsPerPass) {
-      switch (std::min<int64_t>(kRowsPerPass, m - r0)) {
-        case 1: half_rows<1, F>(x, r0, group, h, y + j, n, lanes); break;
-        case 2: half_rows<2, F>(x, r0, group, h, y + j, n, lanes); break;
-        case 3: half_rows<3, F>(x, r0, group, h, y + j, n, lanes); break;
-        default: half_rows<4, F>(x, r0, group, h, y + j, n, lanes); break;
-      }
-    }
-  }
+void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n, float* y, int64_t n_begin, int64_t n_end) {
+  avx2::for_halves(m, w, x.k / 256 * quant_block_bytes(F), y, n_begin, n_end,
+                   [&](auto rows, int64_t r0, const uint8_t* group, int h, float* out, int lanes) {
+                     half_rows<decltype(rows)::value, F>(x, r0, group, h, out, n, lanes);
+                   });
 }
 
 }  // namespace
