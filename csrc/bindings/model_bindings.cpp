@@ -79,7 +79,9 @@ class DecoderStack {
                   uintptr_t block_table, int64_t batch, int64_t max_pages, int64_t page_size, uintptr_t token_seq,
                   uintptr_t key_begin,
                   uintptr_t key_end, uintptr_t tree_begin, uintptr_t tree_mask, uintptr_t out, int num_threads) {
-    if (weights_.fc.data != nullptr && features == 0) throw std::invalid_argument("DecoderStack: an MTP head needs features");
+    if (weights_.fc.data != nullptr && features == 0) {
+      throw std::invalid_argument("DecoderStack: an MTP head needs features");
+    }
     auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
     StepAttention a;
     a.slot_mapping = i(slot_mapping);
@@ -147,7 +149,9 @@ class DecoderStack {
 
  private:
   StackIO make_io(const IOArgs& a, uintptr_t features, int64_t batch) const {
-    if (weights_.fc.data != nullptr && features == 0) throw std::invalid_argument("DecoderStack: an MTP head needs features");
+    if (weights_.fc.data != nullptr && features == 0) {
+      throw std::invalid_argument("DecoderStack: an MTP head needs features");
+    }
     StackIO io;
     io.embed = reinterpret_cast<const void*>(std::get<0>(a));
     io.embed_bf16 = std::get<1>(a);
