@@ -104,91 +104,90 @@ void quantize_blocks_scalar(const float* x, int64_t num_blocks, int8_t* q, float
   }
 }
 
-void k_quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
-                         int64_t n_begin, int64_t n_end) {
-  const int64_t bb = quant_block_bytes(f), nsb = x.k / 256;
-  for (int64_t j = n_begin; j < n_end; ++j) {
-    const uint8_t* group = w + (j / 16) * nsb * bb;
-    const int64_t lane = j % 16;
-    for (int64_t i = 0; i < m; ++i) {
-      float acc = 0.f;
-      for (int64_t sb = 0; sb < nsb; ++sb) {
-        const uint8_t* blk = group + sb * bb;
-        const int8_t* xq = x.q + i * x.k + sb * 256;
-        const int64_t b0 = i * x.kb + sb * 8;   // the super-block's first activation block
-        const float d = half_to_float(reinterpret_cast<const uint16_t*>(blk)[lane]);
-        if (f != WeightFormat::kQ6_K) {   // Q4_K, Q5_K: sub-blocks of 32 with a scale and a min
-          const float dmin = half_to_float(reinterpret_cast<const uint16_t*>(blk + 32)[lane]);
-          uint8_t bytes[12];
-          for (int p = 0; p < 12; ++p) bytes[p] = blk[kQ4kScales + 32 * (p / 2) + 2 * lane + p % 2];
-          for (int sub = 0; sub < 8; ++sub) {
-            int32_t sc, mn, isum = 0;
-            q4k_scale_min(bytes, sub, &sc, &mn);
-            for (int c = 0; c < 8; ++c)
-              for (int t = 0; t < 4; ++t) {
-                const uint8_t byte = blk[kQ4kQuants + 64 * (8 * (sub / 2) + c) + 4 * lane + t];
-                const int high = f == WeightFormat::kQ5_K ? (blk[kQ5kHigh + 64 * c + 4 * lane + t] >> sub) & 1 : 0;
-                isum += (((sub % 2 ? byte >> 4 : byte) & 0x0f) | high << 4) * xq[32 * sub + 4 * c + t];
-              }
-            acc = std::fma(static_cast<float>(isum), (d * static_cast<float>(sc)) * x.d[b0 + sub], acc);
-            acc = std::fma(-(dmin * static_cast<float>(mn)), x.ds[b0 + sub], acc);
+namespace {
+
+// Row i of x against column `lane` of a 16-row group, K-quant super-blocks in order.
+float k_quant_row(const QuantizedRows& x, int64_t i, const uint8_t* group, int64_t lane, WeightFormat f) {
+  const int64_t bb = quant_block_bytes(f);
+  float acc = 0.f;
+  for (int64_t sb = 0; sb < x.k / 256; ++sb) {
+    const uint8_t* blk = group + sb * bb;
+    const int8_t* xq = x.q + i * x.k + sb * 256;
+    const int64_t b0 = i * x.kb + sb * 8;   // the super-block's first activation block
+    const float d = half_to_float(reinterpret_cast<const uint16_t*>(blk)[lane]);
+    if (f != WeightFormat::kQ6_K) {   // Q4_K, Q5_K: sub-blocks of 32 with a scale and a min
+      const float dmin = half_to_float(reinterpret_cast<const uint16_t*>(blk + 32)[lane]);
+      uint8_t bytes[12];
+      for (int p = 0; p < 12; ++p) bytes[p] = blk[kQ4kScales + 32 * (p / 2) + 2 * lane + p % 2];
+      for (int sub = 0; sub < 8; ++sub) {
+        int32_t sc, mn, isum = 0;
+        q4k_scale_min(bytes, sub, &sc, &mn);
+        for (int c = 0; c < 8; ++c)
+          for (int t = 0; t < 4; ++t) {
+            const uint8_t byte = blk[kQ4kQuants + 64 * (8 * (sub / 2) + c) + 4 * lane + t];
+            const int high = f == WeightFormat::kQ5_K ? (blk[kQ5kHigh + 64 * c + 4 * lane + t] >> sub) & 1 : 0;
+            isum += (((sub % 2 ? byte >> 4 : byte) & 0x0f) | high << 4) * xq[32 * sub + 4 * c + t];
           }
-        } else {   // Q6_K: sub-blocks of 16 columns
-          for (int sub = 0; sub < 16; ++sub) {
-            const int8_t sc = static_cast<int8_t>(blk[kQ6kScales + 32 * (sub / 2) + 2 * lane + sub % 2]);
-            const int h = sub / 8, r0 = 16 * (sub % 8);
-            int32_t isum = -32 * x.s16[2 * b0 + sub];
-            for (int u = 0; u < 4; ++u)
-              for (int t = 0; t < 4; ++t) {
-                const uint8_t low = blk[kQ6kLow + 64 * (16 * h + (r0 % 64) / 4 + u) + 4 * lane + t];
-                const uint8_t high = blk[kQ6kHigh + 64 * (8 * h + (r0 % 32) / 4 + u) + 4 * lane + t];
-                const int lo = (low >> (4 * (r0 / 64))) & 15, hi = (high >> (2 * (r0 / 32))) & 3;
-                isum += (lo | hi << 4) * xq[16 * sub + 4 * u + t];
-              }
-            acc = std::fma(static_cast<float>(isum), (d * static_cast<float>(sc)) * x.d[b0 + sub / 2], acc);
-          }
-        }
+        acc = std::fma(static_cast<float>(isum), (d * static_cast<float>(sc)) * x.d[b0 + sub], acc);
+        acc = std::fma(-(dmin * static_cast<float>(mn)), x.ds[b0 + sub], acc);
       }
-      y[i * n + j] = acc;
+    } else {   // Q6_K: sub-blocks of 16 columns
+      for (int sub = 0; sub < 16; ++sub) {
+        const int8_t sc = static_cast<int8_t>(blk[kQ6kScales + 32 * (sub / 2) + 2 * lane + sub % 2]);
+        const int h = sub / 8, r0 = 16 * (sub % 8);
+        int32_t isum = -32 * x.s16[2 * b0 + sub];
+        for (int u = 0; u < 4; ++u)
+          for (int t = 0; t < 4; ++t) {
+            const uint8_t low = blk[kQ6kLow + 64 * (16 * h + (r0 % 64) / 4 + u) + 4 * lane + t];
+            const uint8_t high = blk[kQ6kHigh + 64 * (8 * h + (r0 % 32) / 4 + u) + 4 * lane + t];
+            const int lo = (low >> (4 * (r0 / 64))) & 15, hi = (high >> (2 * (r0 / 32))) & 3;
+            isum += (lo | hi << 4) * xq[16 * sub + 4 * u + t];
+          }
+        acc = std::fma(static_cast<float>(isum), (d * static_cast<float>(sc)) * x.d[b0 + sub / 2], acc);
+      }
     }
   }
+  return acc;
 }
+
+// The same for the 32-column formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), blocks in order.
+float block_row(const QuantizedRows& x, int64_t i, const uint8_t* group, int64_t lane, WeightFormat f) {
+  const int64_t bb = quant_block_bytes(f), kb = x.kb, qoff = quants_offset(f);
+  const int32_t off = quant_offset(f);
+  float acc = 0.f;
+  for (int64_t b = 0; b < kb; ++b) {
+    const uint8_t* blk = group + b * bb;
+    const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk);
+    const int8_t* xq = x.q + i * x.k + b * 32;
+    int32_t isum = -off * x.s[i * kb + b];
+    if (f == WeightFormat::kQ8_0) {
+      for (int c = 0; c < 8; ++c)
+        for (int t = 0; t < 4; ++t) isum += blk[qoff + 64 * c + 4 * lane + t] * xq[4 * c + t];
+    } else {
+      const uint32_t qh = has_fifth_bit(f) ? fifth_bits(blk, f, lane) : 0;
+      for (int c = 0; c < 4; ++c)
+        for (int t = 0; t < 4; ++t) {
+          const uint8_t byte = blk[qoff + 64 * c + 4 * lane + t];
+          const int col = 4 * c + t, lo = (byte & 0x0f) | ((qh >> col) & 1) << 4;
+          const int hi = (byte >> 4) | ((qh >> (16 + col)) & 1) << 4;
+          isum += lo * xq[col] + hi * xq[16 + col];
+        }
+    }
+    const float scale = half_to_float(scales[lane]) * x.d[i * kb + b];
+    acc = std::fma(static_cast<float>(isum), scale, acc);
+    if (has_min(f)) acc = std::fma(half_to_float(scales[16 + lane]), x.ds[i * kb + b], acc);
+  }
+  return acc;
+}
+
+}  // namespace
 
 void quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                        int64_t n_begin, int64_t n_end) {
-  if (is_k_quant(f)) return k_quant_cols_scalar(x, m, w, f, n, y, n_begin, n_end);
-  const int64_t bb = quant_block_bytes(f), kb = x.kb, qoff = quants_offset(f);
-  const int32_t off = quant_offset(f);
-  for (int64_t j = n_begin; j < n_end; ++j) {
-    const uint8_t* group = w + (j / 16) * kb * bb;
-    const int64_t lane = j % 16;
-    for (int64_t i = 0; i < m; ++i) {
-      float acc = 0.f;
-      for (int64_t b = 0; b < kb; ++b) {
-        const uint8_t* blk = group + b * bb;
-        const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk);
-        const int8_t* xq = x.q + i * x.k + b * 32;
-        int32_t isum = -off * x.s[i * kb + b];
-        if (f == WeightFormat::kQ8_0) {
-          for (int c = 0; c < 8; ++c)
-            for (int t = 0; t < 4; ++t) isum += blk[qoff + 64 * c + 4 * lane + t] * xq[4 * c + t];
-        } else {
-          const uint32_t qh = has_fifth_bit(f) ? fifth_bits(blk, f, lane) : 0;
-          for (int c = 0; c < 4; ++c)
-            for (int t = 0; t < 4; ++t) {
-              const uint8_t byte = blk[qoff + 64 * c + 4 * lane + t];
-              const int col = 4 * c + t, lo = (byte & 0x0f) | ((qh >> col) & 1) << 4;
-              const int hi = (byte >> 4) | ((qh >> (16 + col)) & 1) << 4;
-              isum += lo * xq[col] + hi * xq[16 + col];
-            }
-        }
-        const float scale = half_to_float(scales[lane]) * x.d[i * kb + b];
-        acc = std::fma(static_cast<float>(isum), scale, acc);
-        if (has_min(f)) acc = std::fma(half_to_float(scales[16 + lane]), x.ds[i * kb + b], acc);
-      }
-      y[i * n + j] = acc;
-    }
-  }
+  const int64_t group_bytes = x.k / block_columns(f) * quant_block_bytes(f);
+  const auto row = is_k_quant(f) ? k_quant_row : block_row;
+  for (int64_t j = n_begin; j < n_end; ++j)
+    for (int64_t i = 0; i < m; ++i) y[i * n + j] = row(x, i, w + (j / 16) * group_bytes, j % 16, f);
 }
 
 int64_t quant_block_columns(WeightFormat format) {

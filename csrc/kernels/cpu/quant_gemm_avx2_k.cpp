@@ -5,7 +5,7 @@
 // is at most 2 x 15 x 127 = 3810 for Q4_K, 7874 for Q5_K and 16002 for Q6_K (6-bit quants
 // before their offset of 32), so pair sums are added in 16 bits over 8, 4 and 2 chunks
 // before each fold: the integer sums are exact, and the float steps are
-// k_quant_cols_scalar's, lane by lane - the same bits as the portable loops and the VNNI
+// quant_cols_scalar's, lane by lane - the same bits as the portable loops and the VNNI
 // kernel.
 #include "quant_avx2.h"
 #include "quant_kernels.h"
@@ -153,7 +153,7 @@ void k_quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, Weig
 #else
 void k_quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                        int64_t n_begin, int64_t n_end) {
-  k_quant_cols_scalar(x, m, w, f, n, y, n_begin, n_end);
+  quant_cols_scalar(x, m, w, f, n, y, n_begin, n_end);
 }
 #endif
 

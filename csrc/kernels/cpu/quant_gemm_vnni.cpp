@@ -1,8 +1,7 @@
 // quant_gemm's column kernel with AVX-512 VNNI: one 64-byte load is 4 columns x 16 weight
 // rows, and VPDPBUSD multiplies it (unsigned weight bytes) by an activation row's 4 int8
 // quants broadcast to every lane, accumulating 16 int32 sums - so each weight byte is
-// loaded once for up to 8 activation rows. Same arithmetic as quant_cols_scalar (and, for
-// the K-quants, k_quant_cols_scalar).
+// loaded once for up to 8 activation rows. Same arithmetic as quant_cols_scalar.
 #include <algorithm>
 #include <cmath>
 

@@ -93,10 +93,7 @@ void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, Weight
 void quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                      int64_t n_begin, int64_t n_end);
 
-// The K-quant columns: portable (quant_gemm.cpp) and AVX2 (quant_gemm_avx2_k.cpp; the VNNI
-// kernel has its own).
-void k_quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
-                         int64_t n_begin, int64_t n_end);
+// The AVX2 K-quant columns (quant_gemm_avx2_k.cpp; the VNNI kernel has its own).
 void k_quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                        int64_t n_begin, int64_t n_end);
 
