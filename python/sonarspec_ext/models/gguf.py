@@ -183,7 +183,7 @@ class GGUFCheckpoint:
             if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
             own = format_of_gguf_type(t.tensor_type.name)
-            kept = own if own is not None and runs_fast(own) else None   # "file" keeps what runs fast here
+            kept = own if runs_fast(own) else None   # "file" keeps what runs fast here
             quantize = quantization != "none" and _is_matrix(name, cfg) and (quantization != "file" or kept is not None)
             w = None
             if quantize:

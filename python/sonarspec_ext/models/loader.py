@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from ..layers.rotary import RotaryEmbedding
 from .config import CheckpointError, ModelConfig
-from ..ops.quantized import QUANTIZED_FORMATS, QuantizedMatrix, runs_fast
+from ..ops.quantized import QuantizedMatrix, runs_fast
 from ..params import QUANTIZATION_CHOICES
 from .gguf import gguf_file, open_gguf
 from .llama import LlamaForCausalLM
@@ -146,7 +146,7 @@ def resolve_quantization(quantization: str, path: str, device="cpu", dtype=torch
             return "none"
         ckpt = open_gguf(f)
         formats = ckpt.file_formats(ckpt.config())
-        return "file" if any(f in QUANTIZED_FORMATS and runs_fast(f) for f in formats) else "none"
+        return "file" if any(runs_fast(f) for f in formats) else "none"
     if quantization != "none" and not runs:
         raise ValueError(f"quantization {quantization!r} runs on the CPU with float32 activations, "
                          f"not on {device} with {dtype}")

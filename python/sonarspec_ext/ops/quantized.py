@@ -60,8 +60,8 @@ def block_columns(fmt: str) -> int:
     return _FORMATS[fmt].columns
 
 
-def runs_fast(fmt: str) -> bool:
-    """Whether ``fmt`` has SIMD loops on this CPU (``_C.quant_kernel()``: AVX-512 VNNI or
+def runs_fast(fmt) -> bool:
+    """Whether ``fmt`` (a format name; anything else: False) has SIMD loops on this CPU (``_C.quant_kernel()``: AVX-512 VNNI or
     AVX2 run every format; the portable loops are for correctness, not speed)."""
     return fmt in _FORMATS and _C.quant_kernel() != "portable"
 
