@@ -86,16 +86,19 @@ def write_gguf(hf_dir: str, path: str, arch: str = "llama", qtype=None, tokenize
 
 
 
-def random_k_blocks(qtype, rows: int, cols: int, seed: int, d: float) -> np.ndarray:
-    """Raw blocks of a (rows, cols) K-quant matrix (gguf has no K-quant quantizer): every
-    quant and scale byte random, the float16 super-block scales ~d (weights ~0.05 for the
-    magnitudes used here)."""
+# byte offsets of the float16 fields (scales, offsets / mins) in a GGUF block of each type
+FLOAT16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2),
+                  "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(qtype, rows: int, cols: int, rng, magnitude: float) -> np.ndarray:
+    """Arbitrary raw blocks of a (rows, cols) matrix of a GGUF block type (every quant and
+    scale byte value - beyond what a quantizer writes, e.g. Q8_0's -128; and K-quants, which
+    gguf cannot quantize), the float16 fields drawn from N(0, magnitude)."""
     import gguf
     per_block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
-    rng = np.random.default_rng(seed)
     b = rng.integers(0, 256, size=(rows, cols // per_block, nbytes), dtype=np.uint8)
-    halves = (nbytes - 2,) if qtype == gguf.GGMLQuantizationType.Q6_K else (0, 2)
-    for at in halves:
-        b[..., at:at + 2] = np.abs(rng.normal(d, d / 4, size=b.shape[:2])).astype(np.float16).view(np.uint8).reshape(
-            *b.shape[:2], 2)
+    for at in FLOAT16_FIELDS[qtype.name]:
+        halves = rng.normal(0, magnitude, size=b.shape[:2]).astype(np.float16)
+        b[..., at:at + 2] = halves.view(np.uint8).reshape(*b.shape[:2], 2)
     return b.reshape(rows, -1)

@@ -5,6 +5,7 @@ file against transformers' float model: see the tolerances stated in the test.""
 import importlib.util
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -176,7 +177,7 @@ def test_a_file_of_mixed_k_quants_runs_them_natively(tmp_path, main):
     keeps every block byte for byte, q/k/v of different formats run side by side in the
     native stack, logits stay near the dequantized file's (int8 activations: < 3% of the
     largest logit), and speculation gives the quantized engine's plain greedy tokens."""
-    from helpers.gguf_fixtures import random_k_blocks
+    from helpers.gguf_fixtures import random_blocks
     hf = str(tmp_path / "hf")
     make_hf_model(hf, "llama", seed=6, tie_word_embeddings=True, hidden_size=256, intermediate_size=512,
                   num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2)
@@ -189,7 +190,7 @@ def test_a_file_of_mixed_k_quants_runs_them_natively(tmp_path, main):
         for i, (proj, qtype) in enumerate(kinds.items()):
             part = "self_attn" if proj.endswith(("q_proj", "k_proj", "v_proj")) else "mlp"
             d = {T.Q4_K: 2e-4, T.Q5_K: 1e-4}.get(qtype, 1e-5)
-            blocks = random_k_blocks(qtype, *shapes[proj], 10 * layer + i, d)
+            blocks = random_blocks(qtype, *shapes[proj], np.random.default_rng(10 * layer + i), d)
             raw[f"model.layers.{layer}.{part}.{proj}.weight"] = (blocks, qtype)
         o = load_model(hf).model.layers[layer].self_attn.o_proj.weight.detach().float().numpy()
         raw[f"model.layers.{layer}.self_attn.o_proj.weight"] = (gguf.quantize(o, T.Q8_0), T.Q8_0)

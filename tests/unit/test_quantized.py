@@ -13,16 +13,17 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import gguf_fixtures
+
 from sonarspec_ext import _C
 from sonarspec_ext.ops.elementwise import silu_and_mul
 from sonarspec_ext.ops.linear import kernel_linear, kernel_mlp
 from sonarspec_ext.ops.quantized import K_QUANTS, QUANTIZED_FORMATS, QuantizedMatrix, block_columns
 
 FORMATS = list(QUANTIZED_FORMATS)
-# the float16 fields of each GGUF block (scales, offsets) and a magnitude giving weights ~0.1
-_HALVES = {"q8_0": ([0], 0.005), "q4_0": ([0], 0.02), "q4_1": ([0, 2], 0.02), "q4_k": ([0, 2], 0.001),
-           "q5_k": ([0, 2], 0.0005), "q5_0": ([0], 0.01), "q5_1": ([0, 2], 0.01),
-           "q6_k": ([208], 0.0005)}
+# a magnitude of each format's float16 fields (scales, offsets) giving weights ~0.1
+_MAGNITUDE = {"q8_0": 0.005, "q4_0": 0.02, "q4_1": 0.02, "q4_k": 0.001, "q5_k": 0.0005, "q5_0": 0.01, "q5_1": 0.01,
+              "q6_k": 0.0005}
 
 
 def cols(fmt: str, k: int) -> int:
@@ -42,16 +43,8 @@ def int8_rows(x: np.ndarray) -> np.ndarray:
 
 
 def random_blocks(fmt: str, n: int, k: int, rng) -> np.ndarray:
-    """Arbitrary GGUF blocks (every quant and scale byte value, random finite float16
-    fields): beyond what a quantizer writes, e.g. Q8_0's -128."""
-    qtype = gguf.GGMLQuantizationType[fmt.upper()]
-    cols_per_block, bpb = gguf.GGML_QUANT_SIZES[qtype]
-    nb = k // cols_per_block
-    b = rng.integers(0, 256, size=(n, nb, bpb), dtype=np.uint8)
-    halves, magnitude = _HALVES[fmt]
-    for at in halves:
-        b[..., at:at + 2] = rng.normal(0, magnitude, size=(n, nb)).astype(np.float16).view(np.uint8).reshape(n, nb, 2)
-    return b.reshape(n, -1)
+    """Arbitrary GGUF blocks of an (n, k) ``fmt`` matrix (helpers.gguf_fixtures.random_blocks)."""
+    return gguf_fixtures.random_blocks(gguf.GGMLQuantizationType[fmt.upper()], n, k, rng, _MAGNITUDE[fmt])
 
 
 def sample_matrix(fmt: str, n: int, k: int, seed: int) -> QuantizedMatrix:
@@ -134,7 +127,9 @@ def test_non_finite_rows_stay_in_their_row():
 
 
 _SCRIPT = """
-import json, sys, numpy as np, torch
+import json, sys, numpy as np, torch, gguf
+sys.path.insert(0, sys.argv[1])   # the tests directory
+from helpers.gguf_fixtures import random_blocks
 from sonarspec_ext import _C
 from sonarspec_ext.ops.linear import kernel_linear
 from sonarspec_ext.ops.quantized import QuantizedMatrix
@@ -155,13 +150,10 @@ y = kernel_linear(x, QuantizedMatrix.from_blocks(blocks.reshape(24, 68), "q8_0",
 out["q8_0 extremes"] = y.view(torch.int32).flatten().tolist()
 # K-quants: every scale and quant byte value, 1 to 9 activation rows
 rng = np.random.default_rng(5)
-for fmt, bpb in (("q4_k", 144), ("q5_k", 176), ("q6_k", 210)):
+for fmt in ("q4_k", "q5_k", "q6_k"):
     for m, n, k in ((1, 37, 256), (5, 40, 512), (9, 23, 768)):
-        b = rng.integers(0, 256, size=(n, k // 256, bpb), dtype=np.uint8)
-        for at in ((208,) if fmt == "q6_k" else (0, 2)):
-            halves = rng.normal(0, 1e-3, size=(n, k // 256)).astype(np.float16)
-            b[..., at:at + 2] = halves.view(np.uint8).reshape(n, -1, 2)
-        qm = QuantizedMatrix.from_blocks(b.reshape(n, -1), fmt, k)
+        b = random_blocks(gguf.GGMLQuantizationType[fmt.upper()], n, k, rng, 1e-3)
+        qm = QuantizedMatrix.from_blocks(b, fmt, k)
         y = kernel_linear(torch.randn(m, k, generator=g) * 3, qm)
         out[f"{fmt} {m}x{n}x{k}"] = y.view(torch.int32).flatten().tolist()
 print(json.dumps(out))
@@ -173,7 +165,9 @@ def _run(kernel=None):
     env.pop("SONARSPEC_QUANT_KERNEL", None)
     if kernel:
         env["SONARSPEC_QUANT_KERNEL"] = kernel
-    res = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=120)
+    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, "-c", _SCRIPT, tests_dir], capture_output=True, text=True, env=env,
+                         timeout=120)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
