@@ -6,6 +6,7 @@ import torch
 
 from sonarspec_ext import ops
 from sonarspec_ext.ops.limits import NATIVE_ATTENTION_MAX_TOKENS
+from sonarspec_ext.ops.linear import native_gemm_threads
 from sonarspec_ext.runtime.metadata import TreeBlock, build_metadata, tree_bits
 from sonarspec_ext.testing.reference import paged_attention_reference, tree_attention_cascade_reference
 
@@ -31,7 +32,8 @@ def _case(T, H, Hkv, D, B, max_kv, seed, page_size=4):
 
 
 @pytest.mark.parametrize("T,H,Hkv,D,B,max_kv,page_size", [(1, 1, 1, 8, 1, 1, 1), (7, 4, 2, 64, 3, 37, 4),
-                                                           (64, 8, 1, 40, 5, 300, 16), (5, 6, 3, 128, 2, 1000, 3)])
+                                                           (64, 8, 1, 40, 5, 300, 16), (5, 6, 3, 128, 2, 1000, 3),
+                                                           (9, 12, 4, 96, 2, 700, 16), (3, 4, 4, 32, 1, 50, 8)])
 def test_matches_reference(T, H, Hkv, D, B, max_kv, page_size):
     args, kv_slots = _case(T, H, Hkv, D, B, max_kv, seed=T * 31 + D, page_size=page_size)
     q, k_pool, v_pool, _, _, token_seq, key_begin, key_end = args
@@ -128,7 +130,8 @@ def test_a_token_reads_the_same_bits_alone_or_in_a_block(H, Hkv, prefix, block, 
     is the same bits as the token attended alone, at contexts that split its keys into
     several parallel runs too - also where the block's key counts straddle a split
     boundary (512 and 1024 keys), so that its tokens have different numbers of runs - and
-    equals the float64 reference."""
+    equals the float64 reference; the same bits on 1, 2 or 4 threads (which change how the
+    work is grouped into items)."""
     g = torch.Generator().manual_seed(H * prefix + block)
     D, ps = 64, 16
     L = prefix + block + 1
@@ -154,17 +157,21 @@ def test_a_token_reads_the_same_bits_alone_or_in_a_block(H, Hkv, prefix, block, 
         one = (seq[t:t + 1], begin[t:t + 1], end[t:t + 1])
         alone = ops.paged_attention(q[t:t + 1], *args, *one, D ** -0.5, *(e[t:t + 1] for e in extra))
         assert torch.equal(alone[0], together[t]), t
+    for threads in (1, 2, 4):
+        with native_gemm_threads(threads):
+            assert torch.equal(ops.paged_attention(q, *args, seq, begin, end, D ** -0.5, *extra), together), threads
     want = _full_mask_attention(q, k_pool, v_pool, kv_slots, seq, mask, D ** -0.5)
     torch.testing.assert_close(together, want, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tree", [False, True])
-def test_16_bit_pools_read_as_their_float32_widening(kv_dtype, tree):
+@pytest.mark.parametrize("D", [64, 96])
+def test_16_bit_pools_read_as_their_float32_widening(kv_dtype, tree, D):
     """bfloat16 / float16 pools: the same bits as float32 attention over the pools widened
     exactly (queries, blocks, splits and tree ancestors alike)."""
     g = torch.Generator().manual_seed(int(tree))
-    H, Hkv, D, ps, L = 6, 2, 64, 16, 1100
+    H, Hkv, ps, L = 6, 2, 16, 1100
     table, kv_slots, num_slots = _pages(2, L, ps, g)
     k16 = torch.randn(num_slots, Hkv, D, generator=g).to(kv_dtype)
     v16 = torch.randn(num_slots, Hkv, D, generator=g).to(kv_dtype)

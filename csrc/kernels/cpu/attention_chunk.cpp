@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 #include "vec.h"
 
@@ -91,74 +90,6 @@ __attribute__((target("avx2,fma"))) void scores_avx2(const float* const* qs, con
 }
 #endif
 
-#if defined(__x86_64__)
-#define AVX512_ATTR __attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq")))
-
-// Sixteen keys or values as float32: float32 as is, bfloat16 widened exactly.
-AVX512_ATTR inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-AVX512_ATTR inline __m512 load16(const uint16_t* p) {
-  const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-}
-
-// Scores with 512-bit vectors (head_dim a multiple of 16; 64 for bfloat16 keys): one
-// accumulator per key, folded to 256 bits, then scores_avx2's tree of horizontal adds per
-// eight keys.
-template <typename KV>
-AVX512_ATTR void scores_avx512(const float* const* qs, const KV* const* k, int n, int group, int64_t head_dim,
-                               float scale, float (*s)[kChunk]) {
-  if constexpr (std::is_same_v<KV, float>) {
-    if (head_dim % 16 != 0) return scores_avx2(qs, k, n, group, head_dim, scale, s);
-  }
-  const __m256 sc = _mm256_set1_ps(scale);
-  for (int c0 = 0; c0 < n; c0 += 8) {
-    const int cn = std::min(8, n - c0);
-    const KV* kr[8];
-    for (int c = 0; c < 8; ++c) kr[c] = k[c0 + (c < cn ? c : 0)];   // past n: a valid row, discarded
-    for (int g = 0; g < group; ++g) {
-      __m512 acc[8];
-      for (int c = 0; c < 8; ++c) acc[c] = _mm512_setzero_ps();
-      for (int64_t d = 0; d < head_dim; d += 16) {
-        const __m512 qv = _mm512_loadu_ps(qs[g] + d);
-        for (int c = 0; c < 8; ++c) acc[c] = _mm512_fmadd_ps(qv, load16(kr[c] + d), acc[c]);
-      }
-      __m256 h[8];
-      for (int c = 0; c < 8; ++c)
-        h[c] = _mm256_add_ps(_mm512_castps512_ps256(acc[c]), _mm512_extractf32x8_ps(acc[c], 1));
-      store_scores(h, sc, s[g] + c0, cn);
-    }
-  }
-}
-
-// Values with 512-bit vectors (head_dim a multiple of 64): 64 columns of up to four rows'
-// outputs in 16 registers over the whole chunk.
-template <typename KV>
-AVX512_ATTR void values_avx512(float* const* o, const float (*s)[kChunk], const KV* const* v, int n, int group,
-                               int64_t head_dim) {
-  if constexpr (std::is_same_v<KV, float>) {
-    if (head_dim % 64 != 0) return values_avx2(o, s, v, n, group, head_dim);
-  }
-  for (int g0 = 0; g0 < group; g0 += 4) {
-    const int gn = std::min(4, group - g0);
-    for (int64_t d = 0; d < head_dim; d += 64) {
-      __m512 acc[4][4];
-      for (int g = 0; g < gn; ++g)
-        for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_loadu_ps(o[g0 + g] + d + 16 * j);
-      for (int c = 0; c < n; ++c) {
-        __m512 vv[4];
-        for (int j = 0; j < 4; ++j) vv[j] = load16(v[c] + d + 16 * j);
-        for (int g = 0; g < gn; ++g) {
-          const __m512 a = _mm512_set1_ps(s[g0 + g][c]);
-          for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_fmadd_ps(a, vv[j], acc[g][j]);
-        }
-      }
-      for (int g = 0; g < gn; ++g)
-        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(o[g0 + g] + d + 16 * j, acc[g][j]);
-    }
-  }
-}
-#endif
-
 #define PA_NS portable
 #define PA_ATTR
 #define PA_SCORES scores_dot
@@ -182,53 +113,16 @@ AVX512_ATTR void values_avx512(float* const* o, const float (*s)[kChunk], const 
 #undef PA_SCORES
 #undef PA_VALUES
 #undef PA_EXP
-#define PA_ATTR AVX512_ATTR
-#define PA_EXP exp_inplace_avx2
-#define PA_NS avx512
-#define PA_SCORES scores_avx512<float>
-#define PA_VALUES values_avx512<float>
-#include "paged_attention_chunk.inc"
-#undef PA_NS
-#undef PA_SCORES
-#undef PA_VALUES
-#define PA_NS avx512_bf16
-#define PA_KV uint16_t
-#define PA_SCORES scores_avx512<uint16_t>
-#define PA_VALUES values_avx512<uint16_t>
-#include "paged_attention_chunk.inc"
-#undef PA_NS
-#undef PA_KV
-#undef PA_SCORES
-#undef PA_VALUES
-#undef PA_ATTR
-#undef PA_EXP
 #endif
 
 }  // namespace
 
-static bool has_avx512() {
+ChunkUpdate chunk_update_for_cpu(int64_t head_dim) {
+  if (const ChunkUpdate wide = chunk_update_avx512(head_dim)) return wide;
 #if defined(__x86_64__)
-  static const bool yes = cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512dq");
-  return yes;
-#else
-  return false;
-#endif
-}
-
-ChunkUpdateBF16 chunk_update_bf16_for_cpu(int64_t head_dim) {
-#if defined(__x86_64__)
-  if (has_avx512() && head_dim % 64 == 0) return avx512_bf16::chunk_update;
-#endif
-  (void)head_dim;
-  return nullptr;
-}
-
-ChunkUpdate chunk_update_for_cpu() {
-#if defined(__x86_64__)
-  if (has_avx512()) return avx512::chunk_update;
   if (cpu_has_avx2()) return avx2::chunk_update;
 #endif
+  (void)head_dim;
   return portable::chunk_update;
 }
 

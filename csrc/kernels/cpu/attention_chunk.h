@@ -11,22 +11,44 @@ namespace sonarspec {
 constexpr int kChunk = 16;
 constexpr int kMaxGroup = 16;  // query rows of one task
 
+// The rows of the next chunk of keys, fetched while a chunk is computed so that memory
+// reads overlap the arithmetic: this KV head's slice (`bytes`) of each key and value row.
+struct ChunkAhead {
+  const char* k[kChunk];
+  const char* v[kChunk];
+  int n = 0;
+  int64_t bytes = 0;
+};
+
 // Accumulates keys slots[0..n) (rows of k_pool / v_pool, row stride `row` floats, this KV
 // head's slice at kv_off) into the state of `group` query rows qs: m, l running max and sum;
-// o (group, head_dim) unnormalised outputs.
+// o (group, head_dim) unnormalised outputs; prefetches `ahead`.
 using ChunkUpdate = void (*)(const float* const* qs, const float* k_pool, const float* v_pool, const int64_t* slots,
                              int n, int64_t row, int64_t kv_off, int64_t head_dim, int group, float scale, float* m,
-                             float* l, float* const* o);
+                             float* l, float* const* o, const ChunkAhead& ahead);
 
-// The chunk update for this CPU: AVX-512 where it has AVX512F, else AVX2, else portable.
-ChunkUpdate chunk_update_for_cpu();
+// The chunk update for this CPU and head_dim: attention_chunk_avx512.cpp's where the CPU
+// has AVX-512 and head_dim is a multiple of 16, else AVX2, else portable.
+ChunkUpdate chunk_update_for_cpu(int64_t head_dim);
 
-// The same reading bfloat16 pools directly (widened in registers, the same arithmetic as
-// the float32 update on the widened rows), where the CPU has AVX-512 and head_dim is a
-// multiple of 64; else null (the caller widens chunks first).
+// attention_chunk_avx512.cpp's update, or null where the CPU or head_dim does not suit it.
+ChunkUpdate chunk_update_avx512(int64_t head_dim);
+
+// The same reading bfloat16 pools directly (widened exactly, then the same arithmetic as
+// the float32 update), where chunk_update_avx512 applies; else null (the caller widens
+// chunks first).
 using ChunkUpdateBF16 = void (*)(const float* const* qs, const uint16_t* k_pool, const uint16_t* v_pool,
                                  const int64_t* slots, int n, int64_t row, int64_t kv_off, int64_t head_dim, int group,
-                                 float scale, float* m, float* l, float* const* o);
+                                 float scale, float* m, float* l, float* const* o, const ChunkAhead& ahead);
 ChunkUpdateBF16 chunk_update_bf16_for_cpu(int64_t head_dim);
+
+// Prefetches the rows of `ahead` into the caches.
+inline void prefetch_ahead(const ChunkAhead& ahead) {
+  for (int c = 0; c < ahead.n; ++c)
+    for (int64_t b = 0; b < ahead.bytes; b += 64) {
+      __builtin_prefetch(ahead.k[c] + b);
+      __builtin_prefetch(ahead.v[c] + b);
+    }
+}
 
 }  // namespace sonarspec

@@ -3,11 +3,13 @@
 // block, a prefill chunk), so each key and value row is read once per task. A token's keys
 // - its committed prefix [key_begin, key_end), then its ancestors in the tree block when
 // there is a tree mask - go in chunks of 16: scores for the chunk, one online-softmax update
-// (running max, rescaled sums) with a vectorised exp, then the value rows (attention_chunk.cpp). Chunks that every
-// token of a task has in full in its prefix run once for all its rows, the rest per token;
-// long key lists are split into runs of 32 chunks (512 keys) that run as separate tasks,
-// their softmax states merged by log-sum-exp in order. Chunks and splits follow each
-// token's own key list, so a token's result is the same bits whatever else is in the step.
+// (running max, rescaled sums) with a vectorised exp, then the value rows (attention_chunk*.cpp),
+// while the next chunk's rows are prefetched. Chunks that every token of a task has in full
+// in its prefix run once for all its rows, the rest per token; long key lists are split into
+// runs of 32 chunks (512 keys) that run as separate work items, their softmax states merged
+// by log-sum-exp in order; an item takes several KV heads where there are enough items, so
+// that it reads whole slot rows. Chunks and splits follow each token's own key list, so a
+// token's result is the same bits whatever else is in the step.
 #include "sonarspec/paged_attention.h"
 
 #include <algorithm>
@@ -34,8 +36,25 @@ struct TokenKeys {
   const int64_t* pages = nullptr;
   int64_t ancestors[64];   // slots of the tree ancestors
 
-  // The pool slot of position j of the sequence (its page checked when the keys were listed).
-  int64_t slot(int64_t j, int64_t page_size) const { return pages[j / page_size] * page_size + j % page_size; }
+  // The pool slots of positions j .. j + n of the sequence (their pages checked when the keys
+  // were listed): one division, then page by page.
+  void slots(int64_t j, int n, int64_t page_size, int64_t* out) const {
+    int64_t p = j / page_size, off = j % page_size;
+    for (int i = 0; i < n; ++i) {
+      out[i] = pages[p] * page_size + off;
+      if (++off == page_size) off = 0, ++p;
+    }
+  }
+
+  // The slots of chunk c of the key list (prefix positions, then tree ancestors); returns
+  // how many keys it has.
+  int chunk_slots(int64_t c, int64_t page_size, int64_t* out) const {
+    const int n = static_cast<int>(std::min<int64_t>(kChunk, len - c * kChunk));
+    const int in_prefix = static_cast<int>(std::clamp<int64_t>(prefix - c * kChunk, 0, n));
+    slots(lo + c * kChunk, in_prefix, page_size, out);
+    for (int i = in_prefix; i < n; ++i) out[i] = ancestors[c * kChunk + i - prefix];
+    return n;
+  }
 };
 
 // Up to kMaxGroup query rows that read the same keys: consecutive tokens of one sequence
@@ -45,22 +64,14 @@ struct Task {
   int nt = 0;
 };
 
+// One task's split for KV heads [kvh0, kvh1): the heads' slices of a slot row are read
+// together, so a page is read front to back.
 struct Item {
-  int64_t task, kvh, g0, split;
+  int64_t task, kvh0, kvh1, g0, split;
 };
 
-// Key and value rows are prefetched this many chunks ahead: a task reads one KV head's slice
-// of every slot, a strided pattern the hardware prefetchers follow poorly.
-constexpr int64_t kPrefetchChunks = 2;
-
-void prefetch_rows(const void* k_pool, const void* v_pool, int64_t offset, int64_t bytes) {
-  const char* k = static_cast<const char*>(k_pool) + offset;
-  const char* v = static_cast<const char*>(v_pool) + offset;
-  for (int64_t b = 0; b < bytes; b += 64) {
-    __builtin_prefetch(k + b);
-    __builtin_prefetch(v + b);
-  }
-}
+// KV heads one item reads at most.
+constexpr int64_t kMaxItemHeads = 8;
 
 }  // namespace
 
@@ -120,115 +131,142 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
       tasks.emplace_back();
     tasks.back().tokens[tasks.back().nt++] = t;
   }
-  std::vector<Item> items;
-  int64_t work = 0, max_splits = 1;   // visible keys summed over tokens: decides whether threads pay off
-  for (int64_t i = 0; i < static_cast<int64_t>(tasks.size()); ++i) {
-    int64_t splits = 1;
+  int64_t work = 0, max_splits = 1, units = 0;   // visible keys summed over tokens: decides whether threads pay off
+  std::vector<int64_t> task_splits(tasks.size(), 1);
+  for (size_t i = 0; i < tasks.size(); ++i) {
     for (int a = 0; a < tasks[i].nt; ++a) {
-      splits = std::max(splits, keys[tasks[i].tokens[a]].splits);
+      task_splits[i] = std::max(task_splits[i], keys[tasks[i].tokens[a]].splits);
       work += keys[tasks[i].tokens[a]].len;
     }
-    max_splits = std::max(max_splits, splits);
-    for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh)
-      for (int64_t g0 = 0; g0 < group; g0 += subgroup)
-        for (int64_t s = 0; s < splits; ++s) items.push_back({i, kvh, g0, s});
+    max_splits = std::max(max_splits, task_splits[i]);
+    units += task_splits[i] * subgroups;
   }
+  const int threads = work * num_heads * head_dim >= (1 << 16) ? std::max(1, num_threads) : 1;
+  // KV heads per item: as many as leave two items per thread (any grouping gives the same
+  // bits: the heads are independent).
+  int64_t item_heads = std::min(num_kv_heads, kMaxItemHeads);
+  while (item_heads > 1 && units * ((num_kv_heads + item_heads - 1) / item_heads) < 2 * threads)
+    item_heads = (item_heads + 1) / 2;
+  std::vector<Item> items;
+  for (int64_t i = 0; i < static_cast<int64_t>(tasks.size()); ++i)
+    for (int64_t kvh = 0; kvh < num_kv_heads; kvh += item_heads)
+      for (int64_t g0 = 0; g0 < group; g0 += subgroup)
+        for (int64_t s = 0; s < task_splits[i]; ++s)
+          items.push_back({i, kvh, std::min(num_kv_heads, kvh + item_heads), g0, s});
   // Split states of tokens with several splits: (token, head, split) -> m, l, o[head_dim].
   const int64_t state = head_dim + 2;
   std::vector<float> partial(max_splits > 1 ? static_cast<size_t>(num_tokens * num_heads * max_splits * state) : 0);
   std::vector<float> sums(static_cast<size_t>(num_tokens * num_heads), 0.f);   // softmax sums, one split
-  static const ChunkUpdate chunk_update = chunk_update_for_cpu();
-  const ChunkUpdateBF16 bf16_update = chunk_update_bf16_for_cpu(head_dim);
+  const ChunkUpdate chunk_update = chunk_update_for_cpu(head_dim);
+  const ChunkUpdateBF16 bf16_update = kv_dtype == DType::kBFloat16 ? chunk_update_bf16_for_cpu(head_dim) : nullptr;
   static constexpr int64_t kIdentity[kChunk] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  // One chunk for `rows` rows: float32 pools are read in place, 16-bit ones widened first.
-  auto update = [&](const float* const* qs, const int64_t* slots, int n, int64_t kv_off, int rows, float* m,
-                    float* l, float* const* o) {
-    if (kv_dtype == DType::kFloat32) {
-      chunk_update(qs, static_cast<const float*>(k_pool), static_cast<const float*>(v_pool), slots, n, row, kv_off,
-                   head_dim, rows, scale, m, l, o);
-      return;
-    }
-    if (kv_dtype == DType::kBFloat16 && bf16_update != nullptr) {
-      bf16_update(qs, static_cast<const uint16_t*>(k_pool), static_cast<const uint16_t*>(v_pool), slots, n, row,
-                  kv_off, head_dim, rows, scale, m, l, o);
-      return;
-    }
+  // One chunk of keys (slots[0..n)) for heads [kvh0, kvh0 + nh) of an item: rows r0 .. r0 +
+  // rows of each head (head h's at h * kMaxGroup), while the rows of the next chunk
+  // (ahead[0..na)) are fetched. Float32 and (with AVX-512) bfloat16 pools are read in place;
+  // others have the heads' slices of the chunk's slot rows widened first.
+  auto chunk = [&](const int64_t* slots, int n, const int64_t* ahead, int na, int64_t kvh0, int64_t nh,
+                   int64_t r0, int rows, const float* const* qs, float* m, float* l, float* const* o) {
     thread_local std::vector<float> kv;
-    kv.resize(static_cast<size_t>(2 * kChunk * head_dim));
-    kv_widen_rows(k_pool, kv_dtype, slots, n, row, kv_off, head_dim, kv.data());
-    kv_widen_rows(v_pool, kv_dtype, slots, n, row, kv_off, head_dim, kv.data() + kChunk * head_dim);
-    chunk_update(qs, kv.data(), kv.data() + kChunk * head_dim, kIdentity, n, head_dim, 0, head_dim, rows, scale, m,
-                 l, o);
+    const float *k = static_cast<const float*>(k_pool), *v = static_cast<const float*>(v_pool);
+    const int64_t* at = slots;
+    int64_t stride = row, off = kvh0 * head_dim;
+    if (kv_dtype != DType::kFloat32 && bf16_update == nullptr) {
+      kv.resize(static_cast<size_t>(2 * kChunk * nh * head_dim));
+      kv_widen_rows(k_pool, kv_dtype, slots, n, row, off, nh * head_dim, kv.data());
+      kv_widen_rows(v_pool, kv_dtype, slots, n, row, off, nh * head_dim, kv.data() + kChunk * nh * head_dim);
+      k = kv.data();
+      v = kv.data() + kChunk * nh * head_dim;
+      at = kIdentity;
+      stride = nh * head_dim;
+      off = 0;
+    }
+    for (int64_t h = 0; h < nh; ++h) {
+      ChunkAhead next;
+      next.n = na;
+      next.bytes = head_dim * elem;
+      for (int i = 0; i < na; ++i) {
+        const int64_t byte = (ahead[i] * row + (kvh0 + h) * head_dim) * elem;
+        next.k[i] = static_cast<const char*>(k_pool) + byte;
+        next.v[i] = static_cast<const char*>(v_pool) + byte;
+      }
+      const int64_t r = h * kMaxGroup + r0;
+      if (bf16_update != nullptr)
+        bf16_update(qs + r, static_cast<const uint16_t*>(k_pool), static_cast<const uint16_t*>(v_pool), slots, n, row,
+                    (kvh0 + h) * head_dim, head_dim, rows, scale, m + r, l + r, o + r, next);
+      else
+        chunk_update(qs + r, k, v, at, n, stride, off + h * head_dim, head_dim, rows, scale, m + r, l + r, o + r,
+                     next);
+    }
   };
   auto run_item = [&](int64_t item_index) {
     const Item& it = items[item_index];
     const Task& task = tasks[it.task];
     const int gn = static_cast<int>(std::min<int64_t>(subgroup, group - it.g0));
-    const float* qs[kMaxGroup];
-    float* o[kMaxGroup];
-    float m[kMaxGroup], l[kMaxGroup];
+    const int64_t nh = it.kvh1 - it.kvh0;
+    // Row r of head kv of this item at [kv * kMaxGroup + r]: r = a * gn + g for token a, query head g.
+    const float* qs[kMaxItemHeads * kMaxGroup];
+    float* o[kMaxItemHeads * kMaxGroup];
+    float m[kMaxItemHeads * kMaxGroup], l[kMaxItemHeads * kMaxGroup];
     // A token with fewer splits than this item's index has no keys here and keeps its
     // results untouched (its chunks all lie before `first`, so the common loop is empty).
     thread_local std::vector<float> idle;
-    idle.resize(static_cast<size_t>(kMaxGroup * head_dim));
+    idle.resize(static_cast<size_t>(kMaxItemHeads * kMaxGroup * head_dim));
     int64_t common = INT64_MAX;   // chunks every token has in full in its prefix
     for (int a = 0; a < task.nt; ++a) {
       const int64_t t = task.tokens[a];
       const bool here = keys[t].splits > it.split;
       common = std::min(common, keys[t].prefix / kChunk);
-      for (int g = 0; g < gn; ++g) {
-        const int r = a * gn + g;
-        const int64_t h = it.kvh * group + it.g0 + g;
-        qs[r] = q + (t * num_heads + h) * head_dim;
-        o[r] = !here ? idle.data() + r * head_dim
-               : keys[t].splits > 1 ? partial.data() + ((t * num_heads + h) * max_splits + it.split) * state + 2
-                                    : out + (t * num_heads + h) * head_dim;
-        std::fill(o[r], o[r] + head_dim, 0.f);
-        m[r] = -INFINITY;
-        l[r] = 0.f;
-      }
+      for (int64_t kv = 0; kv < nh; ++kv)
+        for (int g = 0; g < gn; ++g) {
+          const int64_t r = kv * kMaxGroup + a * gn + g;
+          const int64_t h = (it.kvh0 + kv) * group + it.g0 + g;
+          qs[r] = q + (t * num_heads + h) * head_dim;
+          o[r] = !here ? idle.data() + r * head_dim
+                 : keys[t].splits > 1 ? partial.data() + ((t * num_heads + h) * max_splits + it.split) * state + 2
+                                      : out + (t * num_heads + h) * head_dim;
+          std::fill(o[r], o[r] + head_dim, 0.f);
+          m[r] = -INFINITY;
+          l[r] = 0.f;
+        }
     }
     const int64_t first = it.split * kSplitChunks, last = first + kSplitChunks;
-    const int64_t kv_off = it.kvh * head_dim;
     const TokenKeys& k0 = keys[task.tokens[0]];
-    int64_t slots[kChunk];
+    int64_t slots[2][kChunk];
     const int64_t common_end = std::min(last, common);
     for (int64_t c = first; c < common_end; ++c) {   // keys every token reads, once for all rows
-      for (int i = 0; i < kChunk; ++i) slots[i] = k0.slot(k0.lo + c * kChunk + i, page_size);
-      if (c + kPrefetchChunks < common_end) {   // the rows of a chunk ahead are on their way meanwhile
-        const int64_t j = k0.lo + (c + kPrefetchChunks) * kChunk;
-        for (int i = 0; i < kChunk; ++i)
-          prefetch_rows(k_pool, v_pool, (k0.slot(j + i, page_size) * row + kv_off) * elem, head_dim * elem);
-      }
-      update(qs, slots, kChunk, kv_off, task.nt * gn, m, l, o);
+      int64_t* now = slots[c & 1];
+      int64_t* next = slots[(c + 1) & 1];
+      if (c == first) k0.chunk_slots(c, page_size, now);
+      const int na = c + 1 < common_end ? k0.chunk_slots(c + 1, page_size, next) : 0;
+      chunk(now, kChunk, next, na, it.kvh0, nh, 0, task.nt * gn, qs, m, l, o);
     }
     for (int a = 0; a < task.nt; ++a) {   // then each token's own chunks, in order
       const TokenKeys& tk = keys[task.tokens[a]];
-      for (int64_t c = std::max(first, common); c < std::min(last, tk.chunks); ++c) {
+      const int64_t begin = std::max(first, common), end = std::min(last, tk.chunks);
+      for (int64_t c = begin; c < end; ++c) {
+        int64_t* now = slots[c & 1];
+        int64_t* next = slots[(c + 1) & 1];
         const int n = static_cast<int>(std::min<int64_t>(kChunk, tk.len - c * kChunk));
-        for (int i = 0; i < n; ++i) {
-          const int64_t pos = c * kChunk + i;
-          const int64_t j = tk.lo + pos;
-          slots[i] = pos < tk.prefix ? tk.slot(j, page_size) : tk.ancestors[pos - tk.prefix];
-        }
-        update(qs + a * gn, slots, n, kv_off, gn, m + a * gn, l + a * gn, o + a * gn);
+        if (c == begin) tk.chunk_slots(c, page_size, now);
+        const int na = c + 1 < end ? tk.chunk_slots(c + 1, page_size, next) : 0;
+        chunk(now, n, next, na, it.kvh0, nh, a * gn, gn, qs, m, l, o);
       }
     }
     for (int a = 0; a < task.nt; ++a) {
       if (keys[task.tokens[a]].splits <= it.split) continue;
-      for (int g = 0; g < gn; ++g) {
-        const int r = a * gn + g;
-        if (keys[task.tokens[a]].splits > 1) {
-          o[r][-2] = m[r];
-          o[r][-1] = l[r];
-        } else {
-          sums[task.tokens[a] * num_heads + it.kvh * group + it.g0 + g] = l[r];
-          if (l[r] > 0.f) scale_row(o[r], 1.f / l[r], head_dim);
+      for (int64_t kv = 0; kv < nh; ++kv)
+        for (int g = 0; g < gn; ++g) {
+          const int64_t r = kv * kMaxGroup + a * gn + g;
+          if (keys[task.tokens[a]].splits > 1) {
+            o[r][-2] = m[r];
+            o[r][-1] = l[r];
+          } else {
+            sums[task.tokens[a] * num_heads + (it.kvh0 + kv) * group + it.g0 + g] = l[r];
+            if (l[r] > 0.f) scale_row(o[r], 1.f / l[r], head_dim);
+          }
         }
-      }
     }
   };
-  const int threads = work * num_heads * head_dim >= (1 << 16) ? std::max(1, num_threads) : 1;
   parallel_items(static_cast<int64_t>(items.size()), threads, run_item);
   // Tokens with several splits: merge the split states in order (log-sum-exp).
   for (int64_t t = 0; t < num_tokens; ++t) {
