@@ -84,8 +84,6 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
                             int64_t head_dim, int64_t num_slots, float scale, int num_threads) {
   if (num_kv_heads < 1 || num_heads % num_kv_heads != 0 || page_size < 1 || max_pages < 0) return -1;
   const int64_t group = num_heads / num_kv_heads;
-  const int64_t subgroup = std::min<int64_t>(group, kMaxGroup), subgroups = (group + subgroup - 1) / subgroup;
-  const int64_t tokens_per_task = std::max<int64_t>(1, kMaxGroup / subgroup);
   const int64_t row = num_kv_heads * head_dim, elem = dtype_size(kv_dtype);
   const int64_t max_kv_len = max_pages * page_size, num_pages = num_slots / page_size;
   int64_t bad = 0;
@@ -123,25 +121,39 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
     }
   }
   // Tasks: runs of valid consecutive tokens of one sequence with one key_begin.
-  std::vector<Task> tasks;
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    if (!valid[t]) continue;
-    if (tasks.empty() || tasks.back().nt == tokens_per_task ||
-        token_seq[tasks.back().tokens[0]] != token_seq[t] || key_begin[tasks.back().tokens[0]] != key_begin[t])
-      tasks.emplace_back();
-    tasks.back().tokens[tasks.back().nt++] = t;
-  }
-  int64_t work = 0, max_splits = 1, units = 0;   // visible keys summed over tokens: decides whether threads pay off
-  std::vector<int64_t> task_splits(tasks.size(), 1);
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    for (int a = 0; a < tasks[i].nt; ++a) {
-      task_splits[i] = std::max(task_splits[i], keys[tasks[i].tokens[a]].splits);
-      work += keys[tasks[i].tokens[a]].len;
-    }
-    max_splits = std::max(max_splits, task_splits[i]);
-    units += task_splits[i] * subgroups;
-  }
+  int64_t work = 0;   // visible keys summed over tokens: decides whether threads pay off
+  for (int64_t t = 0; t < num_tokens; ++t) work += valid[t] ? keys[t].len : 0;
   const int threads = work * num_heads * head_dim >= (1 << 16) ? std::max(1, num_threads) : 1;
+  // Tasks: runs of valid consecutive tokens of one sequence with one key_begin, x subgroups
+  // of a KV head's query heads - rows that share their key reads. Where that leaves fewer
+  // than two items per thread, tasks take fewer tokens (any grouping gives the same bits:
+  // a row's arithmetic involves no other row).
+  const int64_t subgroup = std::min<int64_t>(group, kMaxGroup), subgroups = (group + subgroup - 1) / subgroup;
+  int64_t tokens_per_task = std::max<int64_t>(1, kMaxGroup / subgroup);
+  std::vector<Task> tasks;
+  std::vector<int64_t> task_splits;
+  int64_t units = 0, max_splits = 1;   // units: task x subgroup x split
+  for (;;) {
+    tasks.clear();
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      if (!valid[t]) continue;
+      if (tasks.empty() || tasks.back().nt == tokens_per_task ||
+          token_seq[tasks.back().tokens[0]] != token_seq[t] || key_begin[tasks.back().tokens[0]] != key_begin[t])
+        tasks.emplace_back();
+      tasks.back().tokens[tasks.back().nt++] = t;
+    }
+    task_splits.assign(tasks.size(), 1);
+    units = 0;
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      for (int a = 0; a < tasks[i].nt; ++a) task_splits[i] = std::max(task_splits[i], keys[tasks[i].tokens[a]].splits);
+      max_splits = std::max(max_splits, task_splits[i]);
+      units += task_splits[i] * subgroups;
+    }
+    int most = 1;   // tokens in the fullest task
+    for (const Task& task : tasks) most = std::max(most, task.nt);
+    if (units * num_kv_heads >= 2 * threads || most == 1) break;
+    tokens_per_task = (most + 1) / 2;
+  }
   // KV heads per item: as many as leave two items per thread (any grouping gives the same
   // bits: the heads are independent).
   int64_t item_heads = std::min(num_kv_heads, kMaxItemHeads);
