@@ -19,43 +19,12 @@
 
 #include "attention_chunk.h"
 #include "kv_convert.h"
+#include "paged_attention_keys.h"
 #include "sonarspec/thread_pool.h"
 #include "vec.h"
 
 namespace sonarspec {
 namespace {
-
-// Keys per split: a token with more keys gets one online-softmax state per split of its
-// key list (tasks that run in parallel), merged in split order at the end. A function of the
-// token's own key list, so its result does not depend on the batch.
-constexpr int64_t kSplitChunks = 32;
-
-// A query token's keys: the list [prefix positions lo..hi) then its tree ancestors.
-struct TokenKeys {
-  int64_t lo = 0, prefix = 0, len = 0, chunks = 0, splits = 0;
-  const int64_t* pages = nullptr;
-  int64_t ancestors[64];   // slots of the tree ancestors
-
-  // The pool slots of positions j .. j + n of the sequence (their pages checked when the keys
-  // were listed): one division, then page by page.
-  void slots(int64_t j, int n, int64_t page_size, int64_t* out) const {
-    int64_t p = j / page_size, off = j % page_size;
-    for (int i = 0; i < n; ++i) {
-      out[i] = pages[p] * page_size + off;
-      if (++off == page_size) off = 0, ++p;
-    }
-  }
-
-  // The slots of chunk c of the key list (prefix positions, then tree ancestors); returns
-  // how many keys it has.
-  int chunk_slots(int64_t c, int64_t page_size, int64_t* out) const {
-    const int n = static_cast<int>(std::min<int64_t>(kChunk, len - c * kChunk));
-    const int in_prefix = static_cast<int>(std::clamp<int64_t>(prefix - c * kChunk, 0, n));
-    slots(lo + c * kChunk, in_prefix, page_size, out);
-    for (int i = in_prefix; i < n; ++i) out[i] = ancestors[c * kChunk + i - prefix];
-    return n;
-  }
-};
 
 // Up to kMaxGroup query rows that read the same keys: consecutive tokens of one sequence
 // with one key_begin (a verification block) x the query heads of a subgroup of one KV head.
@@ -85,42 +54,20 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
   if (num_kv_heads < 1 || num_heads % num_kv_heads != 0 || page_size < 1 || max_pages < 0) return -1;
   const int64_t group = num_heads / num_kv_heads;
   const int64_t row = num_kv_heads * head_dim, elem = dtype_size(kv_dtype);
-  const int64_t max_kv_len = max_pages * page_size, num_pages = num_slots / page_size;
+  const int64_t num_pages = num_slots / page_size;
   int64_t bad = 0;
-  // Each token's keys, checked: an index outside the tables makes the token bad (its output
-  // is zero, not attention over its keys): a row outside the block table, a key range past
-  // it, a page id outside the pool.
+  // Each token's keys, checked (TokenKeys::list): a bad token's output is zero.
   std::vector<TokenKeys> keys(static_cast<size_t>(num_tokens));
   std::vector<uint8_t> valid(static_cast<size_t>(num_tokens), 0);
   for (int64_t t = 0; t < num_tokens; ++t) {
-    TokenKeys& tk = keys[t];
-    bool ok = token_seq[t] >= 0 && token_seq[t] < batch_size && key_begin[t] >= 0 && key_end[t] <= max_kv_len;
-    if (ok) {
-      tk.pages = block_table + token_seq[t] * max_pages;
-      tk.lo = key_begin[t];
-      tk.prefix = std::max<int64_t>(0, key_end[t] - key_begin[t]);
-      for (int64_t p = tk.lo / page_size; ok && tk.prefix > 0 && p <= (key_end[t] - 1) / page_size; ++p)
-        ok = tk.pages[p] >= 0 && tk.pages[p] < num_pages;
-      int64_t na = 0;
-      const uint64_t bits = tree_mask ? static_cast<uint64_t>(tree_mask[t]) : 0;
-      for (uint64_t rest = ok ? bits : 0; rest; rest &= rest - 1) {
-        const int64_t j = tree_begin[t] + __builtin_ctzll(rest);
-        const int64_t page = j >= 0 && j < max_kv_len ? tk.pages[j / page_size] : -1;
-        ok = page >= 0 && page < num_pages;
-        if (!ok) break;
-        tk.ancestors[na++] = page * page_size + j % page_size;
-      }
-      tk.len = tk.prefix + na;
-      tk.chunks = (tk.len + kChunk - 1) / kChunk;
-      tk.splits = std::max<int64_t>(1, (tk.chunks + kSplitChunks - 1) / kSplitChunks);
-    }
+    const bool ok = keys[t].list(t, block_table, batch_size, max_pages, page_size, num_pages, token_seq, key_begin,
+                                 key_end, tree_begin, tree_mask);
     valid[t] = ok;
     if (!ok) {
       std::fill(out + t * num_heads * head_dim, out + (t + 1) * num_heads * head_dim, 0.f);
       ++bad;
     }
   }
-  // Tasks: runs of valid consecutive tokens of one sequence with one key_begin.
   int64_t work = 0;   // visible keys summed over tokens: decides whether threads pay off
   for (int64_t t = 0; t < num_tokens; ++t) work += valid[t] ? keys[t].len : 0;
   const int threads = work * num_heads * head_dim >= (1 << 16) ? std::max(1, num_threads) : 1;
