@@ -40,6 +40,24 @@ def start_server(llm: LLM, name: str):
     return srv, f"http://127.0.0.1:{port}"
 
 
+class StepTimes:
+    """Durations of the engine's steps: the server's engine thread calls ``engine.step``,
+    here wrapped with a clock. Their median at concurrency 1 is a decode step, so the ITL
+    beyond it is the server's overhead (HTTP, SSE, the hand-off between threads)."""
+
+    def __init__(self, engine):
+        self.times = []
+        step = engine.step
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                self.times.append(time.perf_counter() - t0)
+        engine.step = timed
+
+
 async def one_request(http, url, question, max_tokens):
     body = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
@@ -140,23 +158,27 @@ def main() -> None:
         llm = LLM(args.model, spec=SpecConfig(method=spec), quantization=args.quantization, **control)
         srv, url = start_server(llm, args.model)
         startup = time.perf_counter() - t0
+        steps = StepTimes(llm.engine)
         measure(url, 1, 2, 8)   # warm-up
         for c in args.concurrency:
-            busy0 = sum(llm.engine.timing.values())
+            busy0, steps0 = sum(llm.engine.timing.values()), len(steps.times)
             measured = measure(url, c, max(args.requests, c), args.max_tokens)
             # the engine's share of the wall time: at concurrency 1 the rest is the server's
             # overhead (HTTP, SSE, the hand-off between threads; the clients' too without
             # --client-process)
             wall = measured["requests"] / measured["requests_per_s"]
             busy = (sum(llm.engine.timing.values()) - busy0) / wall
+            step = statistics.median(steps.times[steps0:])
             row = {"spec": spec, "spec_max_batch": args.spec_max_batch, "spec_control": args.spec_control,
                    "quantization": args.quantization, "startup_s": startup, "engine_busy_fraction": busy,
+                   "engine_step_p50_s": step, "itl_over_step": measured["itl_p50_s"] / step - 1,
                    "client_process": args.client_process, **measured}
             rows.append(row)
             print(f"{spec:6s} c={c:3d}: {row['requests_per_s']:.2f} req/s, {row['output_tok_s']:.1f} tok/s, "
                   f"per stream {row['per_stream_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_s'] * 1e3:.0f} ms "
                   f"p99 {row['ttft_p99_s'] * 1e3:.0f} ms, ITL p50 {row['itl_p50_s'] * 1e3:.1f} ms "
-                  f"p99 {row['itl_p99_s'] * 1e3:.1f} ms, engine busy {busy:.0%} of the wall time "
+                  f"p99 {row['itl_p99_s'] * 1e3:.1f} ms (engine step p50 {step * 1e3:.2f} ms: ITL "
+                  f"{row['itl_over_step']:+.1%}), engine busy {busy:.0%} of the wall time "
                   f"(start-up {startup:.1f} s)", flush=True)
         srv.should_exit = True
         time.sleep(0.5)
