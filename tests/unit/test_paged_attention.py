@@ -33,7 +33,8 @@ def _case(T, H, Hkv, D, B, max_kv, seed, page_size=4):
 
 @pytest.mark.parametrize("T,H,Hkv,D,B,max_kv,page_size", [(1, 1, 1, 8, 1, 1, 1), (7, 4, 2, 64, 3, 37, 4),
                                                            (64, 8, 1, 40, 5, 300, 16), (5, 6, 3, 128, 2, 1000, 3),
-                                                           (9, 12, 4, 96, 2, 700, 16), (3, 4, 4, 32, 1, 50, 8)])
+                                                           (9, 12, 4, 96, 2, 700, 16), (3, 4, 4, 32, 1, 50, 8),
+                                                           (4, 2, 1, 320, 1, 600, 16)])
 def test_matches_reference(T, H, Hkv, D, B, max_kv, page_size):
     args, kv_slots = _case(T, H, Hkv, D, B, max_kv, seed=T * 31 + D, page_size=page_size)
     q, k_pool, v_pool, _, _, token_seq, key_begin, key_end = args
