@@ -42,13 +42,17 @@ using ChunkUpdateBF16 = void (*)(const float* const* qs, const uint16_t* k_pool,
                                  float scale, float* m, float* l, float* const* o, const ChunkAhead& ahead);
 ChunkUpdateBF16 chunk_update_bf16_for_cpu(int64_t head_dim);
 
-// Prefetches the rows of `ahead` into the caches.
-inline void prefetch_ahead(const ChunkAhead& ahead) {
-  for (int c = 0; c < ahead.n; ++c)
-    for (int64_t b = 0; b < ahead.bytes; b += 64) {
-      __builtin_prefetch(ahead.k[c] + b);
-      __builtin_prefetch(ahead.v[c] + b);
-    }
+// Fetches the cache lines of `bytes` bytes at `p`.
+inline void prefetch_lines(const char* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+}
+
+// Prefetches the key and value rows of `ahead` [from, to).
+inline void prefetch_ahead(const ChunkAhead& ahead, int from, int to) {
+  for (int c = from; c < to; ++c) {
+    prefetch_lines(ahead.k[c], ahead.bytes);
+    prefetch_lines(ahead.v[c], ahead.bytes);
+  }
 }
 
 }  // namespace sonarspec

@@ -73,15 +73,7 @@ AVX512_ATTR inline float max_lanes(__m512 x) {
 }
 
 AVX512_ATTR inline float add_lanes(__m512 x) {
-  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
-}
-
-// Fetches the cache lines of `bytes` bytes at `p`.
-inline void prefetch_lines(const char* p, int64_t bytes) {
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+  return hsum_avx2(_mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1)));
 }
 
 // Scores of R rows against the chunk's 16 keys: s[r] = (q[r] . k[c]) * scale in lane c.
@@ -154,10 +146,7 @@ AVX512_ATTR void update_chunk(const float* const* qs, const KV* k_pool, const KV
   alignas(64) float p[kMaxGroup][kChunk];
   for (int g0 = 0; g0 < group; g0 += 3) {   // scores and the online-softmax update, three rows at a time
     const int gn = std::min(3, group - g0);
-    for (int c = g0 * ahead.n / group; c < (g0 + gn) * ahead.n / group; ++c) {   // the next chunk, a share per pass
-      prefetch_lines(ahead.k[c], ahead.bytes);
-      prefetch_lines(ahead.v[c], ahead.bytes);
-    }
+    prefetch_ahead(ahead, g0 * ahead.n / group, (g0 + gn) * ahead.n / group);   // the next chunk, a share per pass
     alignas(64) float qd[3][kMaxPairDim];
     const float* qp[3];
     for (int r = 0; r < gn; ++r) {

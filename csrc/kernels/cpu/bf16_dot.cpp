@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "vec.h"   // env_flag
+#include "vec.h"   // env_flag, hsum_avx2
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -44,13 +44,7 @@ BF16_ATTR inline __m256 fold(__m512 v) {
   return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
 
-BF16_ATTR inline float hsum(__m512 v512) {
-  const __m256 v = fold(v512);
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-  return _mm_cvtss_f32(lo);
-}
+BF16_ATTR inline float hsum(__m512 v512) { return hsum_avx2(fold(v512)); }
 
 // Weight rows are prefetched two blocks ahead: they arrive from L3 (the model's other
 // layers evicted them), and without it the rows' loads stall the multiply-adds (measured

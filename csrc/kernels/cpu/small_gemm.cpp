@@ -25,13 +25,6 @@ inline float to_float(float v) { return v; }
 inline float to_float(uint16_t bits) { return bf16_to_float(bits); }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-  return _mm_cvtss_f32(lo);
-}
 
 // Eight weights as floats: float32 as is, bfloat16 (uint16_t bits) widened exactly.
 __attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }

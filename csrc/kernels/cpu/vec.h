@@ -48,6 +48,14 @@ inline bool cpu_has_avx2() {
   return yes;
 }
 
+// The sum of v's 8 lanes in one fixed order: the two halves, then pairs, then the last two.
+__attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+
 __attribute__((target("avx2,fma"))) inline float dot_avx2(const float* a, const float* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
   int64_t i = 0;
@@ -56,11 +64,7 @@ __attribute__((target("avx2,fma"))) inline float dot_avx2(const float* a, const 
     s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
   }
   for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  s0 = _mm256_add_ps(s0, s1);
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-  float s = _mm_cvtss_f32(h);
+  float s = hsum_avx2(_mm256_add_ps(s0, s1));
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
