@@ -25,7 +25,7 @@ import torch
 
 from sonarspec_ext import LLM, SamplingParams, _C
 from sonarspec_ext.assets import resolve
-from sonarspec_ext.bench import SYNTHETIC_200M, read_bandwidth_gbs, weight_bytes
+from sonarspec_ext.bench import SYNTHETIC_200M, cpu_info, read_bandwidth_gbs, weight_bytes
 from sonarspec_ext.bench.quantized import _llama_cpp
 from sonarspec_ext.models.gguf import gguf_file
 from sonarspec_ext.models.loader import quantized_formats
@@ -137,7 +137,7 @@ def main() -> None:
               f"none | greedy agreement {row['greedy_agreement_with_llama_cpp']}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"shape": SYNTHETIC_200M, "threads": threads, "quant_kernel": _C.quant_kernel(),
+            json.dump({"shape": SYNTHETIC_200M, "threads": threads, "cpu": cpu_info(), "quant_kernel": _C.quant_kernel(),
                        "read_bandwidth_gbs": round(gbs, 2), "max_tokens": args.max_tokens, "repeats": args.repeats,
                        "num_prompts": len(prompts), "torch": torch.__version__, "results": rows}, fh, indent=1)
 

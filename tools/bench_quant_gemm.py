@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from sonarspec_ext import _C
-from sonarspec_ext.bench import read_bandwidth_gbs
+from sonarspec_ext.bench import cpu_info, read_bandwidth_gbs
 from sonarspec_ext.ops.linear import kernel_linear, native_gemm_threads
 from sonarspec_ext.ops.quantized import QUANTIZED_FORMATS, QuantizedMatrix
 
@@ -76,7 +76,7 @@ def main() -> None:
         del ws
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"d": args.d, "threads": args.threads, "quant_kernel": _C.quant_kernel(),
+            json.dump({"d": args.d, "threads": args.threads, "cpu": cpu_info(), "quant_kernel": _C.quant_kernel(),
                        "read_bandwidth_gbs": round(gbs, 2), "mib": args.mib, "rounds": args.rounds,
                        "torch": torch.__version__, "results": rows}, fh, indent=1)
 

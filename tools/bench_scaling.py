@@ -17,7 +17,7 @@ import torch
 
 from sonarspec_ext.params import QUANTIZATION_CHOICES
 from sonarspec_ext import LLM, SamplingParams
-from sonarspec_ext.bench import median_us
+from sonarspec_ext.bench import cpu_info, median_us
 
 
 def throughput(llm: LLM, batch: int, max_tokens: int, repeats: int) -> float:
@@ -88,7 +88,7 @@ def main() -> None:
     prefill = [{"prompt_tokens": n, "tok_s": round(prefill_tok_s(llm, n, args.repeats), 1)} for n in args.prefill]
     for r in prefill:
         print(f"prefill {r['prompt_tokens']:5d} tokens: {r['tok_s']:7.1f} tok/s")
-    info = {"model": llm.engine.model_config.architecture, "prefill": prefill, "source": args.model, "threads": torch.get_num_threads(),
+    info = {"model": llm.engine.model_config.architecture, "prefill": prefill, "source": args.model, "threads": torch.get_num_threads(), "cpu": cpu_info(),
             "kv_dtype": str(llm.engine.kv_cache.k.dtype).replace("torch.", ""), "batch": batch, "context": context}
     if args.json:
         with open(args.json, "w") as fh:

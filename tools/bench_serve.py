@@ -24,6 +24,7 @@ import httpx
 
 from sonarspec_ext.params import QUANTIZATION_CHOICES
 from sonarspec_ext import LLM, SpecConfig
+from sonarspec_ext.bench import cpu_info
 from sonarspec_ext.bench.spec import CHAT_QUESTIONS
 from sonarspec_ext.server.app import create_app
 
@@ -187,7 +188,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"model": args.model, "max_tokens": args.max_tokens, "spec_max_batch": args.spec_max_batch,
-                       "rows": rows}, fh, indent=1)
+                       "cpu": cpu_info(), "rows": rows}, fh, indent=1)
     if args.plot and not plot(rows, args.plot):
         print("bench_serve: matplotlib is not installed; no chart written")
 

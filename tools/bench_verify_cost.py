@@ -18,7 +18,7 @@ import tempfile
 import torch
 
 from sonarspec_ext import LLM
-from sonarspec_ext.bench import SYNTHETIC_200M, make_synthetic_model, median_us
+from sonarspec_ext.bench import SYNTHETIC_200M, cpu_info, make_synthetic_model, median_us
 from sonarspec_ext.models.loader import QUANTIZATION_CHOICES
 
 SIZES = (1, 2, 3, 4, 5, 8, 17)
@@ -79,7 +79,7 @@ def main() -> None:
                             "vs_decode": round(us / base, 3)})
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"context": args.context, "threads": torch.get_num_threads(), "device": args.device,
+            json.dump({"context": args.context, "threads": torch.get_num_threads(), "cpu": cpu_info(), "device": args.device,
                        "dtype": args.dtype, "quantization": args.quantization, "results": results}, fh, indent=1)
     if tmp is not None:
         tmp.cleanup()

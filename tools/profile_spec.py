@@ -23,6 +23,7 @@ import sonarspec_ext.runtime.runner as runner_mod
 import sonarspec_ext.ops.decoder_stack as decoder_stack
 import sonarspec_ext.spec.proposer as proposer_mod
 from sonarspec_ext import LLM, SamplingParams
+from sonarspec_ext.bench import cpu_info
 from sonarspec_ext.bench.spec import PROMPTS, scheme_config
 from sonarspec_ext.models.llama import LlamaForCausalLM
 
@@ -97,7 +98,7 @@ def main() -> None:
               f"{o['step_us']:.0f} us/step: {native}  outside native calls {o['outside_native_us']:.0f}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"threads": torch.get_num_threads(), "max_tokens": args.max_tokens, "rounds": args.rounds,
+            json.dump({"threads": torch.get_num_threads(), "cpu": cpu_info(), "max_tokens": args.max_tokens, "rounds": args.rounds,
                        "prompts": len(PROMPTS), "schemes": out}, fh, indent=1)
 
 

@@ -1,5 +1,7 @@
 """The ``sonarspec`` console script."""
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -41,6 +43,26 @@ def test_bench_compares_with_transformers(llama_dir, tmp_path):
     assert [row["batch_size"] for row in info["results"]] == [1, 2]
     assert info["results"][0]["greedy_agreement"] == "1/1"
     assert all(row["sonarspec_tok_s"] > 0 and row["transformers_tok_s"] > 0 for row in info["results"])
+    _check_cpu_record(info["cpu"])
+
+
+def _check_cpu_record(cpu):
+    """The JSON's machine record against lscpu's own reading of the CPU, where it runs."""
+    assert cpu["logical_cpus"] == os.cpu_count()
+    lscpu = shutil.which("lscpu")
+    if lscpu is None or not os.path.exists("/proc/cpuinfo"):
+        return
+    fields, todo = {}, json.loads(subprocess.run([lscpu, "-J"], capture_output=True, text=True,
+                                                 check=True).stdout)["lscpu"]
+    while todo:   # newer lscpu nests fields under "children"
+        f = todo.pop()
+        fields.setdefault(f["field"].rstrip(":"), f["data"])
+        todo += f.get("children", [])
+    assert cpu["vendor"] == fields["Vendor ID"]
+    assert cpu["model_name"] == fields["Model name"]
+    flags = set(fields.get("Flags", "").split())
+    assert set(cpu["features"]) == {f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni",
+                                                "amx_tile", "amx_int8", "amx_bf16") if f in flags}
 
 
 @pytest.mark.slow

@@ -9,6 +9,8 @@ one process.
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
 import tempfile
 import time
@@ -80,6 +82,28 @@ def read_bandwidth_gbs(mib: int = 1024, repeats: int = 5) -> float:
     buf.sum()
     t = median_time(buf.sum, repeats)
     return buf.numel() * 4 / t / 1e9
+
+
+_CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def cpu_info() -> dict:
+    """The machine a benchmark ran on, for its JSON: the CPU's vendor, model name, family
+    and model numbers, the SIMD features the native kernels dispatch on (Linux's
+    /proc/cpuinfo; elsewhere what ``platform`` says) and the logical CPUs."""
+    info = {"model_name": platform.processor() or platform.machine(), "logical_cpus": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            first = fh.read().split("\n\n")[0]
+    except OSError:
+        return info
+    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    info.update(vendor=fields.get("vendor_id"), model_name=fields.get("model name", info["model_name"]),
+                family=fields.get("cpu family"), model=fields.get("model"),
+                features=[f for f in _CPU_FLAGS if f in flags])
+    return info
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -162,7 +186,7 @@ def bench_decode(model_dir: Optional[str] = None, batch_sizes: List[int] = (1, 8
     for row in rows:
         row["floor_fraction"] = round(row["sonarspec_tok_s"] / row["batch_size"] / floor, 3)
     info = {"model": "synthetic-30m" if tmp else model_dir, "num_params": llm.engine.model_config.num_params,
-            "dtype": "float32", "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "dtype": "float32", "threads": torch.get_num_threads(), "cpu": cpu_info(), "torch": torch.__version__,
             "weight_dtype": _weight_kind(llm.engine.model),
             "weight_bytes": wbytes, "read_bandwidth_gbs": round(gbs, 2), "floor_tok_s": round(floor, 1),
             "repeats": repeats, "results": rows}

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from . import read_bandwidth_gbs, weight_bytes
+from . import cpu_info, read_bandwidth_gbs, weight_bytes
 from .. import _C
 from .spec import bench_prompts, bench_spec
 from ..assets import resolve
@@ -101,8 +101,8 @@ def bench_quantized(model: str = "smollm2", mtp: Optional[str] = None, max_token
         rows.append(row)
     tmp.cleanup()
     return {"model": src, "mtp": mtp, "draft": draft, "draft_quantization": draft_quantization,
-            "max_tokens": max_tokens, "repeats": repeats, "threads": threads, "quant_kernel": _C.quant_kernel(),
-            "read_bandwidth_gbs": round(gbs, 2), "num_prompts": len(prompts),
+            "max_tokens": max_tokens, "repeats": repeats, "threads": threads, "cpu": cpu_info(),
+            "quant_kernel": _C.quant_kernel(), "read_bandwidth_gbs": round(gbs, 2), "num_prompts": len(prompts),
             "llama_cpp": _llama_cpp_version() if llama_cpp else None, "torch": torch.__version__, "results": rows}
 
 

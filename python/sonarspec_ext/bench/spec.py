@@ -18,7 +18,7 @@ from typing import List, Optional
 import torch
 
 from ..assets import resolve
-from . import median_time
+from . import cpu_info, median_time
 from ..llm import LLM
 from ..params import SamplingParams, SpecConfig
 from ..spec.factory import find_draft_model
@@ -162,7 +162,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
             "max_tokens": max_tokens, "device": str(device), "dtype": dtype, "temperature": temperature, "top_p": top_p,
             "draft_sampling": draft_sampling, "cuda_graphs": cuda_graphs, "quantization": quantization,
             "num_prompts": len(prompts), "chat": prompts is not PROMPTS, "repeats": repeats,
-            "threads": torch.get_num_threads(),
+            "threads": torch.get_num_threads(), "cpu": cpu_info(),
             "torch": torch.__version__, "results": rows}
 
 
