@@ -105,10 +105,21 @@ class DecoderStack {
   using IOArgs = std::tuple<uintptr_t, bool, uintptr_t, int, int64_t, uintptr_t, int64_t, int64_t, int64_t, int64_t,
                             uintptr_t, int64_t>;
 
+  // A greedy chain's scores and early stop (ChainStop): (out_probs, stop_below, prior)
+  // pointers and threshold; out_probs 0: none.
+  using StopArgs = std::tuple<uintptr_t, float, uintptr_t>;
+  static const ChainStop* make_stop(const StopArgs& a, ChainStop& stop) {
+    if (std::get<0>(a) == 0) return nullptr;
+    stop.out_probs = reinterpret_cast<float*>(std::get<0>(a));
+    stop.stop_below = std::get<1>(a);
+    stop.prior = reinterpret_cast<const float*>(std::get<2>(a));
+    return &stop;
+  }
+
   // sampling: (temperature, top_k, top_p, uniforms, probs) pointers, or all 0 for top tokens.
   void chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t positions,
              int64_t batch, int64_t steps, const std::array<uintptr_t, 5>& sampling, uintptr_t out_tokens,
-             int num_threads) {
+             int num_threads, const StopArgs& stop_args) {
     const StackIO io = make_io(io_args, features, batch);
     if (vocab <= 0 || vocab > io.lm_rows || steps < 0) throw std::invalid_argument("DecoderStack: invalid vocab/steps");
     auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
@@ -119,9 +130,12 @@ class DecoderStack {
     cs.uniforms = reinterpret_cast<const double*>(sampling[3]);
     cs.probs = reinterpret_cast<float*>(sampling[4]);
     const bool sampled = sampling[0] != 0;
+    ChainStop stop;
+    const ChainStop* st = make_stop(stop_args, stop);
+    if (sampled && st != nullptr) throw std::invalid_argument("DecoderStack: sampled chains do not stop early");
     py::gil_scoped_release release;
     stack_chain(weights_, shape_, io, vocab, i(tokens), reinterpret_cast<const float*>(features), i(positions), batch,
-                steps, sampled ? &cs : nullptr, reinterpret_cast<int64_t*>(out_tokens), num_threads);
+                steps, sampled ? &cs : nullptr, reinterpret_cast<int64_t*>(out_tokens), num_threads, st);
   }
 
   void rows_forward(const IOArgs& io_args, uintptr_t tokens, uintptr_t features, uintptr_t starts, uintptr_t lens,
@@ -136,13 +150,16 @@ class DecoderStack {
 
   void refill_chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t starts,
                     uintptr_t lens, int64_t batch, int64_t steps, uintptr_t out_logits, uintptr_t out_features,
-                    uintptr_t out_tokens, int num_threads) {
+                    uintptr_t out_tokens, int num_threads, const StopArgs& stop_args) {
     const StackIO io = make_io(io_args, features, batch);
     auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
+    ChainStop stop;
+    const ChainStop* st = make_stop(stop_args, stop);
     py::gil_scoped_release release;
     stack_refill_chain(weights_, shape_, io, vocab, i(tokens), reinterpret_cast<const float*>(features), i(starts),
                        i(lens), batch, steps, reinterpret_cast<float*>(out_logits),
-                       reinterpret_cast<float*>(out_features), reinterpret_cast<int64_t*>(out_tokens), num_threads);
+                       reinterpret_cast<float*>(out_features), reinterpret_cast<int64_t*>(out_tokens), num_threads,
+                       st);
   }
 
   size_t num_layers() const { return layers_.size(); }

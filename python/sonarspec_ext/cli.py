@@ -20,6 +20,17 @@ def positive_int(text: str) -> int:
     return v
 
 
+def _probability(text: str) -> float:
+    """argparse type: a number in [0, 1)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= v < 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {v}")
+    return v
+
+
 def _auto_spec(model: str) -> str:
     """MTP when a head is at hand (the packaged target's, or one inside the checkpoint), else
     n-gram drafting from the context (no drafter needed)."""
@@ -50,7 +61,8 @@ def _make_llm(args):
     method = _auto_spec(args.model) if args.spec == "auto" else args.spec
     k = args.num_draft_tokens or _recommended_draft_tokens(args.model, method, args.draft)
     spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=k,
-                      tree_top_k=args.tree_top_k, tree_num_nodes=args.tree_nodes)
+                      tree_top_k=args.tree_top_k, tree_num_nodes=args.tree_nodes,
+                      draft_stop_prob=args.draft_stop_prob)
     options = {"adaptive_speculation": args.spec_control == "adaptive"}
     if getattr(args, "spec_max_batch", None) is not None:
         options["spec_max_batch"] = args.spec_max_batch
@@ -98,6 +110,9 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
     p.add_argument("--num-draft-tokens", type=positive_int, default=None,
                    help="chain length, or tree depth (eagle_tree); default: the packaged head's measured best "
                         "(training.json recommended_num_draft_tokens), else 3")
+    p.add_argument("--draft-stop-prob", type=_probability, default=0.0,
+                   help="mtp / draft_target: a greedy chain stops where the drafter's probability of the draft "
+                        "falls below this, --num-draft-tokens being the longest (0: always the full chain)")
     p.add_argument("--tree-top-k", type=positive_int, default=None, help="eagle_tree: children per expanded node (4)")
     p.add_argument("--tree-nodes", type=positive_int, default=None, help="eagle_tree: draft nodes per tree (16)")
     p.add_argument("--max-tokens", type=positive_int, default=max_tokens, help="tokens to generate at most")

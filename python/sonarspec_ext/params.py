@@ -94,6 +94,11 @@ class SpecConfig:
     # "none" keeps float weights; "q8_0" ... quantize a draft model, or an MTP head's input
     # projection and layer, at load (a head's lm_head rows are the target's)
     quantization: str = "auto"
+    # "mtp" / "draft_target" with greedy (top-token) chains: a chain stops where the
+    # drafter's probability of the draft so far - the product of its tokens' softmax
+    # probabilities - falls below this, so num_draft_tokens is the longest chain
+    # (spec/draft_stop.py); 0 drafts num_draft_tokens every step
+    draft_stop_prob: float = 0.0
 
     def __post_init__(self):
         _check(self.method in SPEC_METHODS,
@@ -102,6 +107,9 @@ class SpecConfig:
                f"SpecConfig.quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, got {self.quantization!r}")
         _check(isinstance(self.num_draft_tokens, int) and self.num_draft_tokens >= 1,
                f"num_draft_tokens must be an integer >= 1, got {self.num_draft_tokens!r}")
+        _check(isinstance(self.draft_stop_prob, (int, float)) and not isinstance(self.draft_stop_prob, bool)
+               and 0.0 <= self.draft_stop_prob < 1.0,
+               f"draft_stop_prob must be a number in [0, 1), got {self.draft_stop_prob!r}")
         for name in ("tree_top_k", "tree_num_nodes"):
             v = getattr(self, name)
             _check(v is None or (isinstance(v, int) and v >= 1), f"{name} must be None or >= 1, got {v!r}")

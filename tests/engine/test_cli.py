@@ -30,6 +30,17 @@ def test_generate_reports_bad_input_cleanly(llama_dir, tmp_path):
     assert r.returncode == 2 and "model directory or GGUF file not found" in r.stderr
     r = run_cli("generate", "hello", "--model", llama_dir, "--top-p", "0")
     assert r.returncode == 2 and "top_p" in r.stderr
+    r = run_cli("generate", "hello", "--model", llama_dir, "--draft-stop-prob", "1.5")
+    assert r.returncode == 2 and "--draft-stop-prob: must lie in [0, 1)" in r.stderr
+
+
+def test_generate_with_confidence_stopped_chains_prints_the_plain_continuation():
+    args = ("generate", "hello", "--model", "default", "--max-tokens", "16", "--ignore-eos", "--spec-control",
+            "always")
+    plain = run_cli(*args, "--spec", "none")
+    stopped = run_cli(*args, "--spec", "mtp", "--num-draft-tokens", "4", "--draft-stop-prob", "0.3")
+    assert plain.returncode == 0 and stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout == plain.stdout and "acceptance length" in stopped.stderr
 
 
 @pytest.mark.slow

@@ -157,7 +157,7 @@ def test_greedy_chain_rejects_bad_input():
     out, positions = torch.empty(1, 2, dtype=torch.int64), torch.tensor([3])
     with pytest.raises(ValueError, match="row_tokens needs one token per lm_head row"):
         stack._native.chain(args[:-1] + (5,), 100, one.data_ptr(), 0, positions.data_ptr(), 1, 2,
-                            (0, 0, 0, 0, 0), out.data_ptr(), 1)
+                            (0, 0, 0, 0, 0), out.data_ptr(), 1, (0, 0.0, 0))
 
 
 @pytest.mark.parametrize("method", ["mtp", "draft_target"])
@@ -167,7 +167,8 @@ def test_refill_chain_equals_rows_forward_then_top_token_then_chain(method):
     forward's outputs)."""
     from sonarspec_ext.ops.stack_drafting import block_table
     runner, rows, feats = _drafter_rows(method, seed=1)
-    logits, outputs, tokens = runner.refill_chain(rows, None, 8192, 3, features=feats)
+    logits, outputs, tokens, scores = runner.refill_chain(rows, None, 8192, 3, features=feats)
+    assert scores is None
     ref_logits, ref_outputs = runner._native_rows(rows, None, feats)
     first = ref_logits.argmax(-1)
     positions = torch.tensor([start + len(toks) for start, toks, _ in rows])
@@ -177,3 +178,38 @@ def test_refill_chain_equals_rows_forward_then_top_token_then_chain(method):
                          ref_outputs if method == "mtp" else None, row_ids=row_ids)
     assert torch.equal(logits, ref_logits) and torch.equal(outputs, ref_outputs)
     assert torch.equal(tokens[:, 0], first) and torch.equal(tokens[:, 1:], ref_chain)
+
+
+def test_chain_scores_are_the_drafter_probabilities_and_stop_the_chain():
+    """Greedy chains scored: each drafted token's softmax probability under the logits it was
+    picked from (the refill's for the first, then each round's, recomputed by a row forward
+    over the previous token); with stop_below the rounds end once every draft's product of
+    scores falls below it (later tokens -1, scores 0), and without it the tokens are the
+    unscored chain's."""
+    from sonarspec_ext.ops.stack_drafting import refill_chain as native_refill_chain
+    runner, rows, _ = _drafter_rows("draft_target", seed=2)
+    stack, io, row_ids, table, ids, starts, lens = runner._native_inputs(rows)
+
+    def run(scores=None, stop_below=0.0):
+        return native_refill_chain(stack, *io, 8192, ids, starts, lens, table, runner.kv_cache.page_size, None, 3,
+                                   None, row_ids, scores=scores, stop_below=stop_below)
+    logits, _, tokens = run()
+    scores = torch.empty(3, 4)
+    assert torch.equal(run(scores)[2], tokens)
+    assert torch.allclose(scores[:, 0].double(), torch.softmax(logits.double(), -1).max(-1).values, rtol=1e-5)
+    for j in range(1, 4):
+        after = [(start + len(toks) + j - 1, [int(tokens[b, j - 1])], t) for b, (start, toks, t) in enumerate(rows)]
+        round_logits, _ = runner._native_rows(after, None, None)
+        expect = torch.softmax(round_logits.double(), -1).gather(1, tokens[:, j:j + 1]).squeeze(1)
+        assert torch.allclose(scores[:, j].double(), expect, rtol=1e-5)
+    first = scores[:, 0].clone()
+    assert (first < 1).all()
+    stopped = run(scores, stop_below=1.0)[2]   # every draft is already below 1: no round runs
+    assert torch.equal(stopped[:, 0], tokens[:, 0]) and (stopped[:, 1:] == -1).all() and (scores[:, 1:] == 0).all()
+    # the most likely first token keeps the rounds going, until its product falls below it
+    stopped = run(scores, stop_below=float(first.max()))[2]
+    assert torch.equal(stopped[:, :2], tokens[:, :2]) and (stopped[:, 2:] == -1).all()
+    with pytest.raises(ValueError, match="stop_below must lie in"):
+        run(scores, stop_below=1.5)
+    with pytest.raises(ValueError, match="scores must be a contiguous float32"):
+        run(torch.empty(3, 3))

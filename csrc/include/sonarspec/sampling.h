@@ -20,4 +20,10 @@ void processed_probs_cpu(const float* logits, float* probs, int64_t rows, int64_
 // as the maximum (torch.argmax's semantics).
 int64_t top_token(const float* logits, int64_t vocab);
 
+// The softmax probability of logits[token] among the first vocab logits (temperature 1):
+// exp(l[token] - max) / sum_v exp(l[v] - max), the sum in float32 over 8 lanes then in
+// order; 0 where a logit is NaN or the maximum is not finite. How sure a greedy drafter
+// is of its pick (stack_chain's stop_below).
+float token_probability(const float* logits, int64_t vocab, int64_t token);
+
 }  // namespace sonarspec

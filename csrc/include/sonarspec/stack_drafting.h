@@ -54,9 +54,19 @@ struct ChainSampling {
 // round 0, then its own outputs). Without `sampling` (null) the token is the first maximum
 // among the first `vocab` logits, as torch.argmax (the row picked or drawn mapped through
 // io.row_tokens when set; probs then stay per lm_head row). out_tokens: (batch, steps).
+// With `stop`, greedy chains also score their drafts and may stop early (ChainStop).
+struct ChainStop {
+  // out_probs (batch, rounds): token_probability of each drafted token under the round's
+  // logits (the first `vocab`); a round not run: token -1, probability 0.
+  float* out_probs = nullptr;
+  // The rounds stop once every sequence's draft is less likely than this: the product of
+  // prior[b] (null: 1) and its tokens' probabilities so far below stop_below (0: never).
+  float stop_below = 0.f;
+  const float* prior = nullptr;
+};
 void stack_chain(const DecoderStackWeights& weights, const DecoderShape& shape, const StackIO& io, int64_t vocab,
                  const int64_t* tokens, const float* features, const int64_t* positions, int64_t batch, int64_t steps,
-                 const ChainSampling* sampling, int64_t* out_tokens, int num_threads);
+                 const ChainSampling* sampling, int64_t* out_tokens, int num_threads, const ChainStop* stop = nullptr);
 
 // A drafter's refill and its next chain in one call: stack_rows_forward over the rows
 // (features as there: an MTP head's target features, else null; out_logits (batch,
@@ -64,10 +74,11 @@ void stack_chain(const DecoderStackWeights& weights, const DecoderShape& shape, 
 // top token among the first `vocab` logits (through io.row_tokens) and `steps` greedy chain rounds from it at
 // position starts[b] + lens[b] (an MTP head starting from out_features[b]). out_tokens:
 // (batch, 1 + steps). The same results as the two calls in turn with the top token taken
-// in between.
+// in between; `stop` (its out_probs (batch, 1 + steps), prior unused) scores the first
+// token too and counts it in each draft's probability.
 void stack_refill_chain(const DecoderStackWeights& weights, const DecoderShape& shape, const StackIO& io,
                         int64_t vocab, const int64_t* tokens, const float* features, const int64_t* starts,
                         const int64_t* lens, int64_t batch, int64_t steps, float* out_logits, float* out_features,
-                        int64_t* out_tokens, int num_threads);
+                        int64_t* out_tokens, int num_threads, const ChainStop* stop = nullptr);
 
 }  // namespace sonarspec

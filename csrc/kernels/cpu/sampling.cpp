@@ -162,6 +162,16 @@ __attribute__((target("avx2,fma"))) int64_t top_token_avx2(const float* l, int64
     if (l[v] == m) return v;
   return 0;   // not reached: m is one of the logits
 }
+
+// Adds exp(l[v] - m) for v < 8 * (vocab / 8) into lanes[v % 8]; returns where it stopped.
+__attribute__((target("avx2,fma"))) int64_t exp_sum_avx2(const float* l, int64_t vocab, float m, float* lanes) {
+  const __m256 mx = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t v = 0;
+  for (; v + 8 <= vocab; v += 8) acc = _mm256_add_ps(acc, exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(l + v), mx)));
+  _mm256_storeu_ps(lanes, acc);
+  return v;
+}
 #endif
 
 }  // namespace
@@ -171,6 +181,25 @@ int64_t top_token(const float* l, int64_t vocab) {
   if (cpu_has_avx2()) return top_token_avx2(l, vocab);
 #endif
   return top_token_scalar(l, vocab);
+}
+
+float token_probability(const float* l, int64_t vocab, int64_t token) {
+  if (vocab <= 0 || token < 0 || token >= vocab) return 0.f;
+  float m = -INFINITY;
+  for (int64_t v = 0; v < vocab; ++v) {
+    if (std::isnan(l[v])) return 0.f;
+    m = std::max(m, l[v]);
+  }
+  if (!std::isfinite(m)) return 0.f;
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t v = 0;
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) v = exp_sum_avx2(l, vocab, m, lanes);
+#endif
+  for (; v < vocab; ++v) lanes[v % 8] += std::exp(l[v] - m);
+  float sum = 0.f;
+  for (float s : lanes) sum += s;
+  return std::exp(l[token] - m) / sum;
 }
 
 }  // namespace sonarspec

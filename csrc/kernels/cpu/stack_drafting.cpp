@@ -89,13 +89,29 @@ void stack_rows_forward(const DecoderStackWeights& w, const DecoderShape& s, con
 
 void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, int64_t vocab,
                  const int64_t* tokens, const float* features, const int64_t* positions, int64_t batch, int64_t steps,
-                 const ChainSampling* sampling, int64_t* out_tokens, int num_threads) {
+                 const ChainSampling* sampling, int64_t* out_tokens, int num_threads, const ChainStop* stop) {
   const int64_t H = s.hidden;
   Step step(io, batch, H);
   std::vector<float> feats(static_cast<size_t>(batch * H)), logits(static_cast<size_t>(batch * io.lm_rows));
   std::vector<int64_t> next(tokens, tokens + batch);
   if (features != nullptr) std::memcpy(feats.data(), features, sizeof(float) * batch * H);
+  float* probs = stop != nullptr ? stop->out_probs : nullptr;
+  std::vector<float> likely(static_cast<size_t>(batch), 1.f);   // each draft's probability so far
+  if (stop != nullptr && stop->prior != nullptr) std::copy(stop->prior, stop->prior + batch, likely.begin());
+  auto unlikely = [&] {
+    if (stop == nullptr || !(stop->stop_below > 0.f)) return false;
+    for (float p : likely)
+      if (p >= stop->stop_below) return false;
+    return true;
+  };
   for (int64_t r = 0; r < steps; ++r) {
+    if (unlikely()) {   // the rest of the rounds are not run
+      for (int64_t b = 0; b < batch; ++b) {
+        std::fill(out_tokens + b * steps + r, out_tokens + (b + 1) * steps, int64_t{-1});
+        if (probs != nullptr) std::fill(probs + b * steps + r, probs + (b + 1) * steps, 0.f);
+      }
+      break;
+    }
     for (int64_t b = 0; b < batch; ++b) step.set(io, H, b, b, positions[b] + r, next[b]);
     // the head reads its features before it writes its outputs over them
     decoder_stack_forward(w, s, step.x.data(), features != nullptr ? feats.data() : nullptr, batch, step.pos.data(),
@@ -120,6 +136,10 @@ void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const Stac
           q[tok] = 1.f;
         }
       }
+      if (probs != nullptr) {
+        probs[b * steps + r] = token_probability(l, vocab, tok);
+        likely[b] *= probs[b * steps + r];
+      }
       tok = row_token(io, tok);
       next[b] = tok;
       out_tokens[b * steps + r] = tok;
@@ -130,19 +150,34 @@ void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const Stac
 void stack_refill_chain(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, int64_t vocab,
                         const int64_t* tokens, const float* features, const int64_t* starts, const int64_t* lens,
                         int64_t batch, int64_t steps, float* out_logits, float* out_features, int64_t* out_tokens,
-                        int num_threads) {
+                        int num_threads, const ChainStop* stop) {
   if (vocab <= 0 || vocab > io.lm_rows || steps < 0) throw std::invalid_argument("refill_chain: invalid vocab/steps");
   stack_rows_forward(w, s, io, tokens, features, starts, lens, batch, out_logits, out_features, num_threads);
   std::vector<int64_t> first(batch), positions(batch), rest(static_cast<size_t>(batch * steps));
+  std::vector<float> first_probs(stop != nullptr ? batch : 0), rest_probs(stop != nullptr ? batch * steps : 0);
   for (int64_t b = 0; b < batch; ++b) {
-    first[b] = row_token(io, top_token(out_logits + b * io.lm_rows, vocab));
+    const float* l = out_logits + b * io.lm_rows;
+    const int64_t row = top_token(l, vocab);
+    if (stop != nullptr) first_probs[b] = token_probability(l, vocab, row);
+    first[b] = row_token(io, row);
     positions[b] = starts[b] + lens[b];
   }
+  ChainStop chain_stop;
+  if (stop != nullptr) {
+    chain_stop.out_probs = rest_probs.data();
+    chain_stop.stop_below = stop->stop_below;
+    chain_stop.prior = first_probs.data();
+  }
   stack_chain(w, s, io, vocab, first.data(), features != nullptr ? out_features : nullptr, positions.data(), batch,
-              steps, nullptr, rest.data(), num_threads);
+              steps, nullptr, rest.data(), num_threads, stop != nullptr ? &chain_stop : nullptr);
   for (int64_t b = 0; b < batch; ++b) {
     out_tokens[b * (steps + 1)] = first[b];
     std::copy(rest.begin() + b * steps, rest.begin() + (b + 1) * steps, out_tokens + b * (steps + 1) + 1);
+    if (stop != nullptr && stop->out_probs != nullptr) {
+      stop->out_probs[b * (steps + 1)] = first_probs[b];
+      std::copy(rest_probs.begin() + b * steps, rest_probs.begin() + (b + 1) * steps,
+                stop->out_probs + b * (steps + 1) + 1);
+    }
   }
 }
 

@@ -116,10 +116,26 @@ def rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor
     return logits, out
 
 
+def _stop_args(scores: Optional[torch.Tensor], shape: Tuple[int, int], stop_below: float,
+               prior: Optional[torch.Tensor] = None) -> tuple:
+    """The native (scores, stop_below, prior) triple of a greedy chain (``ChainStop``)."""
+    if scores is None:
+        return 0, 0.0, 0
+    if scores.dtype != torch.float32 or tuple(scores.shape) != shape or not scores.is_contiguous():
+        raise ValueError(f"scores must be a contiguous float32 tensor of shape {list(shape)}")
+    if not (isinstance(stop_below, (int, float)) and 0.0 <= stop_below <= 1.0):
+        raise ValueError(f"stop_below must lie in [0, 1], got {stop_below!r}")
+    if prior is not None and (prior.dtype != torch.float32 or tuple(prior.shape) != shape[:1]
+                              or not prior.is_contiguous()):
+        raise ValueError(f"prior must be a contiguous float32 tensor of shape [{shape[0]}]")
+    return scores.data_ptr(), float(stop_below), 0 if prior is None else prior.data_ptr()
+
+
 def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, tokens: torch.Tensor,
           positions: torch.Tensor, block_table: torch.Tensor, page_size: int, window: Optional[int], steps: int,
           features: Optional[torch.Tensor] = None, sampling: Optional[tuple] = None,
-          row_ids: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+          row_ids: Optional[torch.Tensor] = None, scores: Optional[torch.Tensor] = None, stop_below: float = 0.0,
+          prior: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``steps`` rounds of one token per sequence: ``tokens`` (batch,) embedded at
     ``positions`` + round (an MTP head on ``features`` (batch, hidden), then on its own
     outputs), logits through ``lm_head``, and the round's token - the top one among the
@@ -130,7 +146,10 @@ def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab
     drafter's lm_head over a draft vocabulary - rows picked are mapped to their tokens, and
     the distributions stay over rows. Returns (tokens (batch, steps), the distributions
     (batch, steps, vocab) with ``sampling``, else None): what running the rounds op by op
-    returns."""
+    returns. Greedy chains (no ``sampling``) given ``scores`` (batch, steps) float32 write
+    there each drafted token's softmax probability, and stop once every row's draft - the
+    product of ``prior`` (batch,) (None: 1) and its scores so far - is below ``stop_below``:
+    the rounds not run leave token -1 and score 0."""
     B = tokens.shape[0] if isinstance(tokens, torch.Tensor) and tokens.dim() == 1 else 0
     if B == 0:
         raise ValueError("tokens must be a non-empty 1-D tensor")
@@ -151,9 +170,12 @@ def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab
             raise ValueError(f"uniforms must be a contiguous float64 tensor of shape [{B}, {steps}]")
         probs = torch.empty(B, steps, vocab, dtype=torch.float32)
         ptrs = (temperature.data_ptr(), top_k.data_ptr(), top_p.data_ptr(), uniforms.data_ptr(), probs.data_ptr())
+    stop = _stop_args(scores, (B, steps), stop_below, prior)
+    if stop[0] and sampling is not None:
+        raise ValueError("scores and stop_below apply to greedy chains (no sampling)")
     try:
         stack._native.chain(args, vocab, tokens.data_ptr(), 0 if features is None else features.data_ptr(),
-                            positions.data_ptr(), B, steps, ptrs, out.data_ptr(), native_threads())
+                            positions.data_ptr(), B, steps, ptrs, out.data_ptr(), native_threads(), stop)
     except IndexError as e:
         raise ValueError(str(e)) from None
     return out, probs
@@ -162,14 +184,16 @@ def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab
 def refill_chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, tokens: torch.Tensor,
                  starts: torch.Tensor, lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
                  window: Optional[int], steps: int, features: Optional[torch.Tensor] = None,
-                 row_ids: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 row_ids: Optional[torch.Tensor] = None, scores: Optional[torch.Tensor] = None,
+                 stop_below: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A drafter's refill and its next greedy chain in one call: ``rows_forward`` over the
     rows (``features`` as there), then per row the top token among the first ``vocab``
     logits and ``steps`` ``chain`` rounds from it at the position after the row (an MTP
     head from the row's output). Returns (logits (rows, lm_head rows) and outputs (rows,
     hidden) after each row's last token, tokens (rows, 1 + steps), lm_head rows mapped
     through ``row_ids`` as in ``chain``): what the two calls return with the top token taken
-    in between."""
+    in between. ``scores`` (rows, 1 + steps) and ``stop_below`` as in ``chain``, the first
+    token scored too."""
     B, T = _rows(tokens, starts, lens)
     if not 0 < vocab <= lm_head.shape[0] or steps < 0:
         raise ValueError(f"vocab {vocab} must lie in 1..{lm_head.shape[0]} and steps be >= 0")
@@ -180,7 +204,8 @@ def refill_chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor
     try:
         stack._native.refill_chain(args, vocab, tokens.data_ptr(), 0 if features is None else features.data_ptr(),
                                    starts.data_ptr(), lens.data_ptr(), B, steps, logits.data_ptr(),
-                                   outputs.data_ptr(), out.data_ptr(), native_threads())
+                                   outputs.data_ptr(), out.data_ptr(), native_threads(),
+                                   _stop_args(scores, (B, steps + 1), stop_below))
     except IndexError as e:
         raise ValueError(str(e)) from None
     return logits, outputs, out

@@ -108,22 +108,26 @@ class ModelRunner:
         return vocab_logits(logits, row_ids, self.model.vocab_size), outs
 
     def refill_chain(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int], vocab: int,
-                     steps: int, features: Optional[torch.Tensor] = None):
+                     steps: int, features: Optional[torch.Tensor] = None, stop_below: Optional[float] = None):
         """A drafter's ``forward_rows`` over (start, token ids, page table) rows (an MTP
         head with ``features``), then per row its top token among the first ``vocab`` logits
         and ``steps`` greedy chain rounds from it, in one native call
         (``ops.stack_drafting.refill_chain``): (logits and outputs at each row's last
-        token, tokens (rows, 1 + steps)); None where it does not apply."""
+        token, tokens (rows, 1 + steps), with ``stop_below`` their scores (rows, 1 + steps)
+        and the chain stopped by it as ``spec.draft_stop`` describes, else None); None where
+        it does not apply."""
         inputs = self._native_inputs(rows)
         if inputs is None:
             return None
         stack, io, row_ids, table, ids, starts, lens = inputs
         self.policy.record("native_stack")
+        scores = None if stop_below is None else torch.empty(len(rows), steps + 1, dtype=torch.float32)
         with torch.inference_mode(), self.threads.native():   # draft vocabulary ids ascending: ties as in argmax
             logits, outs, tokens = refill_chain(stack, *io, min(vocab, io[1].shape[0]), ids, starts, lens, table,
                                                 self.kv_cache.page_size, sliding_window, steps,
-                                                None if features is None else features.to(torch.float32), row_ids)
-        return vocab_logits(logits, row_ids, self.model.vocab_size), outs, tokens
+                                                None if features is None else features.to(torch.float32), row_ids,
+                                                scores=scores, stop_below=stop_below or 0.0)
+        return vocab_logits(logits, row_ids, self.model.vocab_size), outs, tokens, scores
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: PagedAttentionMetadata,

@@ -16,18 +16,21 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .draft_stop import truncate_rows
 from .proposer import Draft, Proposer, RefillRow, flush_waiting, fused_chains, propose_chains, waiting_rows
 
 
 class ChainDrafter(Proposer):
     def __init__(self, runner, planner, num_draft_tokens: int, lookahead: int, vocab_size: int,
-                 window: Optional[int], sample_drafts: bool):
+                 window: Optional[int], sample_drafts: bool, stop_below: float = 0.0):
         """``vocab_size``: the target's (the drafter's logits are cut or padded to it);
-        ``window``: the drafter's sliding window (None: none)."""
+        ``window``: the drafter's sliding window (None: none); ``stop_below``: greedy chains
+        stop where the draft's probability falls below it (``spec.draft_stop``; 0: never)."""
         self.runner, self.planner = runner, planner
         self.max_draft_tokens, self.lookahead = num_draft_tokens, lookahead
         self.vocab_size, self.window = vocab_size, window
         self.sample_drafts = sample_drafts       # False: take the top token (point-mass drafts)
+        self.stop_below = 0.0 if sample_drafts else stop_below
         self.device_chain = True   # greedy chains stay on the device where the native chain does not apply
         self.state: Dict[int, object] = {}       # seq_id -> what the drafter carries (the subclass's)
         self.waiting: Dict[int, RefillRow] = {}  # seq_id -> a re-run waiting for the next draft
@@ -91,15 +94,17 @@ class ChainDrafter(Proposer):
             return None
         k, rows = found
         out = self.runner.refill_chain([(row.start, row.tokens, self.page_table(row.seq)) for row in rows],
-                                       self.window, self.vocab_size, k - 1, features=self._features(rows))
+                                       self.window, self.vocab_size, k - 1, features=self._features(rows),
+                                       stop_below=self.stop_below or None)
         if out is None:
             return None
-        logits, outs, tokens = out
+        logits, outs, tokens, scores = out
         logits = self.to_target_vocab(logits)
         for i, row in enumerate(rows):
             del self.waiting[row.seq.seq_id]
             self._carry(row, logits[i], outs[i])
-        return [Draft(t) for t in tokens.tolist()]
+        chains = tokens.tolist() if scores is None else truncate_rows(tokens, scores, self.stop_below)
+        return [Draft(t) for t in chains]
 
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
         drafts = self._refill_chains(seqs, ks)
@@ -108,7 +113,7 @@ class ChainDrafter(Proposer):
         flush_waiting(self.waiting, self.refill)
         logits, positions, feats = self._chain_start(seqs)
         stacked = torch.stack(feats) if feats is not None and seqs else None
-        drafts = fused_chains(self, seqs, ks, logits, positions, self.window, stacked)
+        drafts = fused_chains(self, seqs, ks, logits, positions, self.window, stacked, self.stop_below)
         if drafts is not None:
             return drafts
 
@@ -121,4 +126,4 @@ class ChainDrafter(Proposer):
                 for r, i in enumerate(rows):
                     feats[i] = out_feats[r]
             return list(out_logits)
-        return propose_chains(seqs, ks, logits, self.sample_drafts, advance)
+        return propose_chains(seqs, ks, logits, self.sample_drafts, advance, self.stop_below)

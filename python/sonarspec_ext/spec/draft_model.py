@@ -20,13 +20,13 @@ from .proposer import RefillRow, StepRecord, flush_waiting
 
 class DraftModelProposer(ChainDrafter):
     def __init__(self, model, num_draft_tokens: int, planner, num_pages: int, page_size: int,
-                 target_vocab_size: int, dtype, device, sample_drafts: bool = False):
+                 target_vocab_size: int, dtype, device, sample_drafts: bool = False, stop_below: float = 0.0):
         """``model``: the draft (``models.draft_llm.load_draft_model``)."""
         self.model = model
         self.kv_cache = KVCache(model.config, num_pages, page_size, dtype, device)
         # the refill may write one slot past the chain: lookahead k + 1
         super().__init__(ModelRunner(model, self.kv_cache), planner, num_draft_tokens, num_draft_tokens + 1,
-                         target_vocab_size, model.config.sliding_window, sample_drafts)
+                         target_vocab_size, model.config.sliding_window, sample_drafts, stop_below)
         # state: seq_id -> (tokens the draft has computed, the logits predicting the next one)
 
     def ready(self, seq) -> bool:

@@ -14,6 +14,7 @@ import torch
 from ..sampling.sampler import draw, processed_probs, top_tokens
 from ..ops.stack_drafting import block_table, chain, fits
 from .device_chain import chain_length, device_chains
+from .draft_stop import kept_length, token_probability
 
 
 @dataclass
@@ -166,16 +167,25 @@ def _add_draft_token(draft: Draft, tok: int, q: Optional[torch.Tensor]) -> None:
 
 
 def propose_chains(seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor], sample_drafts: bool,
-                   advance: Callable) -> List[Draft]:
+                   advance: Callable, stop_below: float = 0.0) -> List[Draft]:
     """Chain drafting shared by draft models and MTP heads: draft j + 1 of sequence i is
     drawn from ``logits[i]``; ``advance(j, rows, drafts)`` runs the drafter once for the
-    sequences ``rows`` that need another token and returns their next logits."""
+    sequences ``rows`` that need another token and returns their next logits. With
+    ``stop_below`` a point-mass chain ends where its probability falls below it
+    (``spec.draft_stop``)."""
     drafts = [Draft([], [] if sample_drafts and not s.params.greedy else None) for s in seqs]
-    logits = list(logits)
+    logits, ks = list(logits), list(ks)
+    likely = [1.0] * len(seqs)   # each draft's probability so far
     for j in range(max(ks, default=0)):
         for i, s in enumerate(seqs):
             if ks[i] > j:
-                _add_draft_token(drafts[i], *draw_draft(s, logits[i], sample_drafts))
+                tok, q = draw_draft(s, logits[i], sample_drafts)
+                if stop_below > 0 and q is None:
+                    likely[i] *= token_probability(logits[i], tok)
+                    if j > 0 and likely[i] < stop_below:
+                        ks[i] = j   # this chain ends before the token
+                        continue
+                _add_draft_token(drafts[i], tok, q)
         rows = [i for i in range(len(seqs)) if ks[i] > j + 1]
         if rows:
             for i, lg in zip(rows, advance(j, rows, drafts)):
@@ -187,18 +197,20 @@ def propose_chains(seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor]
 
 
 def fused_chains(proposer, seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor], positions: Sequence[int],
-                 window: Optional[int], features: Optional[torch.Tensor] = None) -> Optional[List[Draft]]:
+                 window: Optional[int], features: Optional[torch.Tensor] = None,
+                 stop_below: float = 0.0) -> Optional[List[Draft]]:
     """All of a step's chains without a host round trip per round: ``native_chains`` (CPU
     drafters running as a native stack), else greedy ``device_chains``; None where neither
     applies (``propose_chains`` then runs the rounds one by one). ``proposer`` supplies the
     runner, page tables, draft vocabulary and sampling mode; ``positions``, ``features`` as
-    for ``native_chains``."""
+    for ``native_chains``; ``stop_below`` as in ``propose_chains`` (the device chains do
+    not stop: where it is set they are not used)."""
     if not seqs:
         return None
     tables = [proposer.page_table(s) for s in seqs]
     drafts = native_chains(proposer.runner, seqs, ks, logits, positions, tables, window, proposer.vocab_size,
-                           features, proposer.sample_drafts)
-    if drafts is not None:
+                           features, proposer.sample_drafts, stop_below)
+    if drafts is not None or stop_below > 0:
         return drafts
     k = chain_length(proposer, seqs, ks)
     if not k:
@@ -209,7 +221,8 @@ def fused_chains(proposer, seqs: Sequence, ks: Sequence[int], logits: List[torch
 
 def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor], positions: Sequence[int],
                   tables: Sequence[Sequence[int]], window: Optional[int], width: int,
-                  features: Optional[torch.Tensor] = None, sample_drafts: bool = False) -> Optional[List[Draft]]:
+                  features: Optional[torch.Tensor] = None, sample_drafts: bool = False,
+                  stop_below: float = 0.0) -> Optional[List[Draft]]:
     """``propose_chains`` in one native call (``ops.stack_drafting.chain``) when every
     sequence takes the same k >= 2 and the drafter (``runner``'s model) runs as a native
     stack: draft 1 is ``draw_draft`` from ``logits[i]``, drafts 2..k come from the chain,
@@ -219,7 +232,8 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
     request's tokens from its processed distribution with uniforms from its generator, in
     the order the rounds would draw them (greedy requests take top tokens: point-mass
     drafts). None when it does not apply; ``propose_chains`` then runs the rounds one by
-    one, with the same result."""
+    one, with the same result. ``stop_below`` (point-mass chains only) stops them as
+    ``propose_chains`` does."""
     k, B = (ks[0] if ks else 0), len(seqs)
     if k < 2 or any(x != k for x in ks) or runner.device.type != "cpu" or runner.graphs is not None:
         return None
@@ -243,8 +257,16 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
                     torch.tensor([p.top_k for p in ps], dtype=torch.long),
                     torch.tensor([p.top_p for p in ps], dtype=torch.float32), uniforms)
     packed = torch.from_numpy(np.asarray([t for t, _ in first] + list(positions), dtype=np.int64))
+    stop = stop_below > 0 and not sample_drafts
+    scores = torch.empty(B, k - 1, dtype=torch.float32) if stop else None
+    prior = torch.tensor([token_probability(lg, t) for lg, (t, _) in zip(logits, first)],
+                         dtype=torch.float32) if stop else None
     out, probs = chain(stack, embed, lm_head, vocab, packed[:B], packed[B:], table, runner.kv_cache.page_size,
-                       window, k - 1, features, sampling, row_ids)
+                       window, k - 1, features, sampling, row_ids, scores=scores, stop_below=stop_below if stop else 0.0,
+                       prior=prior)
+    if stop:
+        return [Draft(([t] + row)[:kept_length([p0] + sc, stop_below)])
+                for (t, _), row, p0, sc in zip(first, out.tolist(), prior.tolist(), scores.tolist())]
     if not sample_drafts:
         return [Draft([t] + row) for (t, _), row in zip(first, out.tolist())]
     if row_ids is None:

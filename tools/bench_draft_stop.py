@@ -1,0 +1,88 @@
+#!/usr/bin/env python
+"""MTP chain lengths and confidence stopping (``SpecConfig.draft_stop_prob``) on held-out
+chat prompts: the validation split of ``tools/chat_prompts.py`` (prompts the packaged
+head was not trained on), each prompt run by plain decoding and by every configuration
+back to back, so that the machine's drift hits them alike; every output checked equal to
+plain decoding. Prints and writes tokens/s, the ratio to plain decoding (over all prompts,
+and the median of the per-prompt ratios), tokens per step and drafted tokens per step.
+
+    python tools/bench_draft_stop.py [--model smollm2] [--prompts 60] [--max-tokens 128]
+                                     [--configs 2 3 4:0.1] [--json PATH]
+
+A configuration is K (chains of K tokens) or K:P (at most K, stopped below probability P).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from chat_prompts import build_prompts  # noqa: E402
+from sonarspec_ext import LLM, SamplingParams, SpecConfig  # noqa: E402
+from sonarspec_ext.bench import cpu_info  # noqa: E402
+from sonarspec_ext.train.data import is_validation  # noqa: E402
+
+
+def parse_config(text: str):
+    k, _, p = text.partition(":")
+    return int(k), float(p) if p else 0.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--prompts", type=int, default=60)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--configs", nargs="+", default=["2", "3", "4:0.1"])
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    held_out = [p for p in build_prompts() if is_validation(p["id"])][:args.prompts]
+    configs = {"plain": None, **{c: parse_config(c) for c in args.configs}}
+    llms = {name: LLM(args.model, spec=None if c is None else SpecConfig(method="mtp", num_draft_tokens=c[0],
+                                                                          draft_stop_prob=c[1]))
+            for name, c in configs.items()}
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    total = dict.fromkeys(configs, 0.0)
+    ratios = {name: [] for name in configs}
+    tokens = 0
+    for item in held_out:
+        messages = [{"role": "user", "content": item["prompt"]}]
+        times, ref = {}, None
+        for name, llm in llms.items():
+            t0 = time.perf_counter()
+            out = llm.chat([messages], params)[0]
+            times[name] = time.perf_counter() - t0
+            ref = out.token_ids if ref is None else ref
+            if out.token_ids != ref:
+                raise SystemExit(f"{name}: output differs from plain decoding on prompt {item['id']}")
+            total[name] += times[name]
+        tokens += len(ref)
+        for name in configs:
+            ratios[name].append(times["plain"] / times[name])
+    rows = []
+    for name, llm in llms.items():
+        st = llm.stats()
+        steps = max(1, st.get("num_steps", 1))
+        rows.append({"config": name, "tok_s": round(tokens / total[name], 1),
+                     "vs_plain": round(total["plain"] / total[name], 3),
+                     "median_prompt_vs_plain": round(statistics.median(ratios[name]), 3),
+                     "tokens_per_step": round(st.get("acceptance_length", 1.0), 3),
+                     "drafted_per_step": round(st.get("num_draft_tokens", 0) / steps, 3),
+                     "accepted_per_position": [round(a, 3) for a in st.get("accepted_per_position", [])]})
+        r = rows[-1]
+        print(f"{name:8s} {r['tok_s']:7.1f} tok/s {r['vs_plain']:.3f}x plain (median per prompt "
+              f"{r['median_prompt_vs_plain']:.3f}x), {r['tokens_per_step']:.2f} tokens and "
+              f"{r['drafted_per_step']:.2f} drafts per step")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"model": args.model, "prompts": len(held_out), "max_tokens": args.max_tokens,
+                       "output_tokens": tokens, "cpu": cpu_info(), "rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
