@@ -7,9 +7,10 @@ plain decoding. Prints and writes tokens/s, the ratio to plain decoding (over al
 and the median of the per-prompt ratios), tokens per step and drafted tokens per step.
 
     python tools/bench_draft_stop.py [--model smollm2] [--prompts 60] [--max-tokens 128]
-                                     [--configs 2 3 4:0.1] [--json PATH]
+                                     [--configs 2 3 4:0.1] [--heads default DIR ...] [--json PATH]
 
-A configuration is K (chains of K tokens) or K:P (at most K, stopped below probability P).
+A configuration is K (chains of K tokens) or K:P (at most K, stopped below probability P),
+run with each of ``--heads`` (default: the model's packaged head).
 """
 from __future__ import annotations
 
@@ -39,12 +40,16 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=60)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--configs", nargs="+", default=["2", "3", "4:0.1"])
+    ap.add_argument("--heads", nargs="+", default=["default"], help="MTP head dirs ('default': the packaged one)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     held_out = [p for p in build_prompts() if is_validation(p["id"])][:args.prompts]
-    configs = {"plain": None, **{c: parse_config(c) for c in args.configs}}
-    llms = {name: LLM(args.model, spec=None if c is None else SpecConfig(method="mtp", num_draft_tokens=c[0],
-                                                                          draft_stop_prob=c[1]))
+    configs = {"plain": None}
+    for head in args.heads:
+        for c in args.configs:
+            configs[c if len(args.heads) == 1 else f"{head} {c}"] = (head, *parse_config(c))
+    llms = {name: LLM(args.model, spec=None if c is None else SpecConfig(method="mtp", draft=c[0],
+                                                                          num_draft_tokens=c[1], draft_stop_prob=c[2]))
             for name, c in configs.items()}
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     total = dict.fromkeys(configs, 0.0)
@@ -75,12 +80,12 @@ def main() -> None:
                      "drafted_per_step": round(st.get("num_draft_tokens", 0) / steps, 3),
                      "accepted_per_position": [round(a, 3) for a in st.get("accepted_per_position", [])]})
         r = rows[-1]
-        print(f"{name:8s} {r['tok_s']:7.1f} tok/s {r['vs_plain']:.3f}x plain (median per prompt "
+        print(f"{name:10s} {r['tok_s']:7.1f} tok/s {r['vs_plain']:.3f}x plain (median per prompt "
               f"{r['median_prompt_vs_plain']:.3f}x), {r['tokens_per_step']:.2f} tokens and "
               f"{r['drafted_per_step']:.2f} drafts per step")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"model": args.model, "prompts": len(held_out), "max_tokens": args.max_tokens,
+            json.dump({"model": args.model, "heads": args.heads, "prompts": len(held_out), "max_tokens": args.max_tokens,
                        "output_tokens": tokens, "cpu": cpu_info(), "rows": rows}, fh, indent=1)
 
 

@@ -41,6 +41,7 @@ for q in none auto; do
 done
 python tools/bench_verify_cost.py --model smollm2 --quantization auto --rounds 3 \
   --json "$OUT/smollm2_verify_cost_q4_1.json"
+python tools/bench_draft_stop.py --prompts 80 --configs 2 3 4 4:0.1 4:0.2 --json "$OUT/smollm2_draft_stop.json"
 python tools/bench_serve.py --model smollm2 --specs none mtp --concurrency 1 4 16 --requests 16 --max-tokens 96 \
   --json "$OUT/smollm2_serve.json"
 python tools/bench_serve.py --model smollm2 --specs mtp --concurrency 1 4 16 --requests 16 --max-tokens 96 \
