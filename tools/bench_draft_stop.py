@@ -7,10 +7,12 @@ plain decoding. Prints and writes tokens/s, the ratio to plain decoding (over al
 and the median of the per-prompt ratios), tokens per step and drafted tokens per step.
 
     python tools/bench_draft_stop.py [--model smollm2] [--prompts 60] [--max-tokens 128]
-                                     [--configs 2 3 4:0.1] [--heads default DIR ...] [--json PATH]
+                                     [--configs 2 3 4:0.1] [--heads default DIR ...] [--adaptive] [--json PATH]
 
 A configuration is K (chains of K tokens) or K:P (at most K, stopped below probability P),
-run with each of ``--heads`` (default: the model's packaged head).
+run with each of ``--heads`` (default: the model's packaged head); ``--adaptive`` runs them
+under the adaptive speculation control (the CLI default: K is then the longest chain it
+measures), else speculating every step.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--configs", nargs="+", default=["2", "3", "4:0.1"])
     ap.add_argument("--heads", nargs="+", default=["default"], help="MTP head dirs ('default': the packaged one)")
+    ap.add_argument("--adaptive", action="store_true", help="under the adaptive speculation control")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     held_out = [p for p in build_prompts() if is_validation(p["id"])][:args.prompts]
@@ -49,7 +52,8 @@ def main() -> None:
         for c in args.configs:
             configs[c if len(args.heads) == 1 else f"{head} {c}"] = (head, *parse_config(c))
     llms = {name: LLM(args.model, spec=None if c is None else SpecConfig(method="mtp", draft=c[0],
-                                                                          num_draft_tokens=c[1], draft_stop_prob=c[2]))
+                                                                          num_draft_tokens=c[1], draft_stop_prob=c[2]),
+                      adaptive_speculation=args.adaptive and c is not None)
             for name, c in configs.items()}
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     total = dict.fromkeys(configs, 0.0)
@@ -85,7 +89,7 @@ def main() -> None:
               f"{r['drafted_per_step']:.2f} drafts per step")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"model": args.model, "heads": args.heads, "prompts": len(held_out), "max_tokens": args.max_tokens,
+            json.dump({"model": args.model, "heads": args.heads, "adaptive": args.adaptive, "prompts": len(held_out), "max_tokens": args.max_tokens,
                        "output_tokens": tokens, "cpu": cpu_info(), "rows": rows}, fh, indent=1)
 
 
