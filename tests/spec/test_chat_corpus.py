@@ -44,3 +44,23 @@ def test_corpus_resumes_and_splits_by_prompt(tmp_path, monkeypatch):
         assert r["text"].endswith(r["reply"]) or r["finish_reason"] == "stop"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["total_replies"] == 12
+
+
+def test_the_corpus_kept_in_the_repository_reads_for_training(tmp_path):
+    """data/smollm2_chat_corpus.jsonl.xz: whole JSON lines, every prompt answered greedily and
+    sampled, the split the prompt id gives, and train-mtp's reader takes it as it is."""
+    import lzma
+    from sonarspec_ext.train.data import is_validation, read_corpus
+    src = os.path.join(TOOLS, "..", "data", "smollm2_chat_corpus.jsonl.xz")
+    path = tmp_path / "corpus.jsonl"
+    path.write_bytes(lzma.decompress(open(src, "rb").read()))
+    modes = {}
+    with open(path) as fh:
+        for line in fh:
+            rec = json.loads(line)
+            assert rec["split"] == ("val" if is_validation(rec["id"]) else "train")
+            assert rec["reply"] in rec["text"] and rec["messages"][-1]["content"] in rec["text"]
+            modes.setdefault(rec["id"], set()).add(rec["mode"])
+    assert len(modes) > 5000 and all(m == {"greedy", "sampled"} for m in modes.values())
+    train, val = read_corpus([str(path)])
+    assert len(train) + len(val) == 2 * len(modes) and 0.03 < len(val) / (len(train) + len(val)) < 0.07
