@@ -37,7 +37,7 @@ def kept_length(scores: Sequence[float], stop_below: float) -> int:
         if p < stop_below:
             break
         n += 1
-    return max(1, min(n, len(scores)))
+    return max(1, n)
 
 
 def truncate_rows(tokens: torch.Tensor, scores: torch.Tensor, stop_below: float) -> List[List[int]]:
