@@ -26,10 +26,11 @@ import torch
 from sonarspec_ext.assets import resolve
 from sonarspec_ext.models.loader import checkpoint_fingerprint, load_model, load_tokenizer
 from sonarspec_ext.models.mtp import MTPHead
-from sonarspec_ext.train.data import read_corpus, tokenize, windows
+from sonarspec_ext.train.data import read_corpus
 from sonarspec_ext.train.features import FeatureSet, compute_features
 from sonarspec_ext.train.mtp_train import head_loss
 from sonarspec_ext.train.train_mtp import frequent_tokens
+from sonarspec_ext.train.windows import pack_documents, tokenize_documents
 
 
 def main() -> None:
@@ -46,10 +47,10 @@ def main() -> None:
     args = ap.parse_args()
     target_dir = resolve(args.target, "target")
     target, tok = load_model(target_dir), load_tokenizer(target_dir)
-    train_txt, _ = read_corpus(args.data)
-    every = windows(tokenize(tok, train_txt, tok.eos_token_id), args.seq_len)
-    ids, coverage = frequent_tokens(every, target.config.vocab_size, args.draft_vocab)   # over all the data
-    win = every[:4 * args.batch_size]
+    train_docs, _ = read_corpus(args.data)
+    every = pack_documents(tokenize_documents(tok, train_docs, tok.eos_token_id), args.seq_len)
+    ids, coverage = frequent_tokens(every.tokens[every.drafted], target.config.vocab_size, args.draft_vocab)
+    win = every.tokens[:4 * args.batch_size]
     with tempfile.TemporaryDirectory() as work:
         fp = checkpoint_fingerprint(target_dir)
         compute_features(target, win, os.path.join(work, "f"), fp, tok.fingerprint(), "bfloat16", log=lambda *_: None)

@@ -16,6 +16,7 @@ from sonarspec_ext.train.data import read_corpus
 from sonarspec_ext.train.features import FeatureSet, compute_features
 from sonarspec_ext.train.mtp_train import TrainConfig, train_head, unrolled_features
 from sonarspec_ext.train.unroll import chain_mask
+from sonarspec_ext.train.windows import PackedWindows
 
 QUIET = dict(log=lambda *_: None)
 
@@ -168,7 +169,7 @@ def test_jsonl_split_field_decides_the_held_out_documents(tmp_path):
     recs = [{"text": f"doc {i}", "split": "val" if i % 3 == 0 else "train"} for i in range(12)]
     f.write_text("\n".join(json.dumps(r) for r in recs))
     train, val = read_corpus([str(f)])
-    assert val == [f"doc {i}" for i in range(0, 12, 3)] and len(train) == 8
+    assert [d.text for d in val] == [f"doc {i}" for i in range(0, 12, 3)] and len(train) == 8
     f.write_text(json.dumps({"text": "x", "split": "test"}))
     with pytest.raises(ValueError, match="'split' must be 'train' or 'val'"):
         read_corpus([str(f)])
@@ -200,7 +201,9 @@ def test_features_of_the_served_quantization_and_a_warm_start(llama_dir, heads, 
                      validate_prompts=2, validate_tokens=8, **QUIET)
     assert info["target_quantization"] == "q8_0" and info["engine_validation"]["equal_to_plain_decoding"]
     stored = FeatureSet(str(work / "features" / "train"))
-    win = stored.tokens.numpy()
+    lay = stored.layout(torch.arange(len(stored)))
+    win = PackedWindows(stored.tokens.numpy().astype(np.int32), lay.positions.numpy().astype(np.int32),
+                        lay.segments.numpy().astype(np.int16), lay.drafted.numpy(), [])
     for quant, same in (("q8_0", True), ("none", False)):
         compute_features(load_model(llama_dir, quantization=quant), win, str(tmp_path / quant), "fp", "tok",
                          "float32", **QUIET)

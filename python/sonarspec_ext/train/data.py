@@ -1,9 +1,12 @@
-"""Training text for MTP heads: files, directories and JSONL, tokenized into windows.
+"""Training text for MTP heads: files, directories and JSONL records, read as documents
+(``train.windows`` tokenizes and packs them).
 
 Documents are split train / validation by a hash of their name (file path relative to
 the given root, or ``path:line`` for JSONL records), so a document never straddles the
 split and the split does not depend on the machine; a JSONL record's ``split`` field
-("train" / "val"), where present, decides instead (corpora split by prompt).
+("train" / "val"), where present, decides instead (corpora split by prompt). A record
+whose ``text`` contains its ``reply`` (a chat corpus: the rendered conversation and the
+target's reply) marks the text before the reply as its prompt.
 """
 from __future__ import annotations
 
@@ -11,9 +14,9 @@ import fnmatch
 import hashlib
 import json
 import os
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Sequence, Tuple
 
-import numpy as np
+from .windows import Document
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".c", ".h", ".cpp", ".js", ".ts", ".go", ".rs", ".java", ".json")
 
@@ -34,8 +37,16 @@ def _walk(root: str, exclude: Sequence[str]) -> Iterable[Tuple[str, str]]:
                 yield rel, full
 
 
-def _documents(path: str, exclude: Sequence[str]) -> Iterable[Tuple[str, str, Optional[str]]]:
-    """(key, text, split or None) for every document under ``path``."""
+def _record_document(rec: dict, text: str) -> Document:
+    """A JSONL record's document: with a ``reply`` inside its text, the text before the
+    reply is the prompt and the text ends the turn itself (no end-of-text token added)."""
+    reply = rec.get("reply")
+    at = text.rfind(reply) if isinstance(reply, str) and reply else -1
+    return Document(text, at, end_token=False) if at >= 0 else Document(text)
+
+
+def _documents(path: str, exclude: Sequence[str]) -> Iterable[Tuple[str, Document, object]]:
+    """(key, document, split or None) for every document under ``path``."""
     if os.path.isdir(path):
         files = list(_walk(path, exclude))
     elif os.path.isfile(path):
@@ -58,22 +69,22 @@ def _documents(path: str, exclude: Sequence[str]) -> Iterable[Tuple[str, str, Op
                     split = rec.get("split")
                     if split not in (None, "train", "val"):
                         raise ValueError(f"{full}:{i + 1}: 'split' must be 'train' or 'val', got {split!r}")
-                    yield f"{rel}:{i}", text, split
+                    yield f"{rel}:{i}", _record_document(rec, text), split
         else:
             with open(full, encoding="utf-8", errors="replace") as fh:
                 text = fh.read()
             if "\0" not in text:
-                yield rel, text, None
+                yield rel, Document(text), None
 
 
-def read_corpus(paths: Sequence[str], exclude: Sequence[str] = ()) -> Tuple[List[str], List[str]]:
-    """(train texts, validation texts); a clear error when there is nothing to train on."""
+def read_corpus(paths: Sequence[str], exclude: Sequence[str] = ()) -> Tuple[List[Document], List[Document]]:
+    """(train documents, validation documents); a clear error when there is nothing to train on."""
     train, val = [], []
     for path in paths:
-        for key, text, split in _documents(path, exclude):
-            if text.strip():
+        for key, doc, split in _documents(path, exclude):
+            if doc.text.strip():
                 held_out = is_validation(key) if split is None else split == "val"
-                (val if held_out else train).append(text)
+                (val if held_out else train).append(doc)
     if not train:
         raise ValueError(f"training data {list(paths)} holds no non-empty text documents")
     if not val:  # tiny corpora: hold out the last document
@@ -82,22 +93,3 @@ def read_corpus(paths: Sequence[str], exclude: Sequence[str] = ()) -> Tuple[List
         val.append(train.pop())
     return train, val
 
-
-def tokenize(tokenizer, texts: Sequence[str], eot_id) -> np.ndarray:
-    """One int32 token stream: documents joined by the end-of-text token when there is one."""
-    ids: List[int] = []
-    for t in texts:
-        ids.extend(tokenizer.encode(t))
-        if eot_id is not None:
-            ids.append(eot_id)
-    return np.asarray(ids, dtype=np.int32)
-
-
-def windows(stream: np.ndarray, length: int, limit: int = 0) -> np.ndarray:
-    """Non-overlapping windows (num_windows, length) from a token stream."""
-    n = len(stream) // length
-    if limit:
-        n = min(n, limit)
-    if n == 0:
-        raise ValueError(f"training data has {len(stream)} tokens, fewer than one window of {length}")
-    return stream[:n * length].reshape(n, length)

@@ -1,10 +1,12 @@
 """Feature pass: the target's final hidden states over training windows, computed with
-the engine's own inference path (``ModelRunner`` on a paged KV cache) and stored as
-sharded safetensors with an index and a manifest.
+the engine's own inference path (``ModelRunner`` on a paged KV cache; each segment of a
+window - ``train.windows`` - its own sequence from position 0) and stored as sharded
+safetensors with an index and a manifest.
 
     <dir>/manifest.json            target / tokenizer fingerprints, dtype, shapes
     <dir>/index.json               shards and their window counts (written last)
-    <dir>/shard-00000.safetensors  tokens (n, T) int32, hidden (n, T, H)
+    <dir>/shard-00000.safetensors  tokens (n, T) int32, hidden (n, T, H) (zero in padding),
+                                   positions int32, segments int16, drafted uint8 (n, T)
 
 Shards are written atomically; an interrupted pass resumes at the first missing shard.
 A directory made for another target or tokenizer is refused.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -23,32 +25,45 @@ from tqdm import tqdm
 from ..runtime.kv_cache import KVCache
 from ..runtime.runner import ModelRunner
 from ..models.loader import parse_dtype
+from .unroll import WindowLayout
+from .windows import PackedWindows
 
 SHARD_WINDOWS = 256
 
 
-def _manifest(target_fp: str, tokenizer_fp: str, dtype: torch.dtype, windows: np.ndarray, hidden: int) -> dict:
+def _manifest(target_fp: str, tokenizer_fp: str, dtype: torch.dtype, win: PackedWindows, hidden: int) -> dict:
     return {"target_fingerprint": target_fp, "tokenizer_fingerprint": tokenizer_fp,
-            "dtype": str(dtype).replace("torch.", ""), "num_windows": int(windows.shape[0]),
-            "seq_len": int(windows.shape[1]), "hidden_size": hidden,
-            "tokens_sha": _sha(windows)}
+            "dtype": str(dtype).replace("torch.", ""), "num_windows": len(win),
+            "seq_len": int(win.tokens.shape[1]), "hidden_size": hidden,
+            "tokens_sha": _sha(win.tokens), "layout_sha": _sha(win.segments, win.positions, win.drafted)}
 
 
-def _sha(a: np.ndarray) -> str:
+def _sha(*arrays: np.ndarray) -> str:
     import hashlib
-    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
 
 
-def compute_features(target, windows: np.ndarray, out_dir: str, target_fp: str, tokenizer_fp: str,
-                     dtype="bfloat16", batch_windows: int = 8, page_size: int = 16,
+def _layout_tensors(win: PackedWindows, lo: int, hi: int) -> dict:
+    return {"positions": torch.from_numpy(np.ascontiguousarray(win.positions[lo:hi])),
+            "segments": torch.from_numpy(np.ascontiguousarray(win.segments[lo:hi])),
+            "drafted": torch.from_numpy(np.ascontiguousarray(win.drafted[lo:hi]).astype(np.uint8))}
+
+
+def compute_features(target, windows: Union[PackedWindows, np.ndarray], out_dir: str, target_fp: str,
+                     tokenizer_fp: str, dtype="bfloat16", batch_windows: int = 8, page_size: int = 16,
                      log=print) -> dict:
-    """Runs ``target`` over ``windows`` (num_windows, T) and stores the hidden states in
-    ``out_dir``; returns the index. Resumes an interrupted pass; refuses a directory made
-    for another target, tokenizer or token data."""
+    """Runs ``target`` over ``windows`` (``PackedWindows``, or a (num_windows, T) token array:
+    one segment per window) and stores the hidden states in ``out_dir``; returns the index.
+    Resumes an interrupted pass; refuses a directory made for another target, tokenizer or
+    token data."""
+    win = windows if isinstance(windows, PackedWindows) else PackedWindows.uniform(windows)
     store_dtype = parse_dtype(dtype)
-    n, T = windows.shape
+    n, T = win.tokens.shape
     H = target.config.hidden_size
-    manifest = _manifest(target_fp, tokenizer_fp, store_dtype, windows, H)
+    manifest = _manifest(target_fp, tokenizer_fp, store_dtype, win, H)
     os.makedirs(out_dir, exist_ok=True)
     mpath = os.path.join(out_dir, "manifest.json")
     if os.path.isfile(mpath):
@@ -65,7 +80,8 @@ def compute_features(target, windows: np.ndarray, out_dir: str, target_fp: str, 
     elem = torch.empty((), dtype=store_dtype).element_size()
     log(f"feature pass: {n} windows x {T} tokens, hidden {H}, {dtype}: "
         f"{n * T * (H * elem + 4) / 2**20:.1f} MiB in {len(shards)} shard(s) under {out_dir}")
-    pages_per_window = -(-T // page_size)
+    spans = [win.segment_spans(i) for i in range(n)]
+    pages_per_window = max(sum(-(-(e - s) // page_size) for s, e in sp) for sp in spans)
     # the KV pool holds activations (float32 for compact, bfloat16-weight models)
     kv = KVCache(target.config, pages_per_window * batch_windows, page_size, target.compute_dtype,
                  target.lm_head.weight.device)
@@ -80,12 +96,13 @@ def compute_features(target, windows: np.ndarray, out_dir: str, target_fp: str, 
         else:
             parts = []
             for b in range(lo, hi, batch_windows):
-                parts.append(_run(runner, windows[b:min(hi, b + batch_windows)], pages_per_window))
+                top = min(hi, b + batch_windows)
+                parts.append(_run(runner, win.tokens[b:top], spans[b:top], page_size))
                 bar.update(parts[-1].shape[0])
             hidden = torch.cat(parts)
             tmp = path + ".tmp"
-            save_file({"tokens": torch.from_numpy(np.ascontiguousarray(windows[lo:hi])),
-                       "hidden": hidden.to(store_dtype).contiguous()}, tmp)
+            save_file({"tokens": torch.from_numpy(np.ascontiguousarray(win.tokens[lo:hi])),
+                       "hidden": hidden.to(store_dtype).contiguous(), **_layout_tensors(win, lo, hi)}, tmp)
             os.replace(tmp, path)
         entries.append({"file": name, "num_windows": hi - lo})
     bar.close()
@@ -95,21 +112,35 @@ def compute_features(target, windows: np.ndarray, out_dir: str, target_fp: str, 
     return index
 
 
-def _run(runner: ModelRunner, win: np.ndarray, pages_per_window: int) -> torch.Tensor:
-    """Prefills a batch of windows from position 0 -> final hidden states (b, T, H)."""
-    b, T = win.shape
-    rows = [(0, T, list(range(i * pages_per_window, (i + 1) * pages_per_window))) for i in range(b)]
+def _run(runner: ModelRunner, tokens: np.ndarray, spans, page_size: int) -> torch.Tensor:
+    """Prefills every segment of a batch of windows as its own sequence from position 0 ->
+    final hidden states (b, T, H), zero in padding."""
+    b, T = tokens.shape
+    rows, ids, page = [], [], 0
+    for i in range(b):
+        for s, e in spans[i]:
+            pages = -(-(e - s) // page_size)
+            rows.append((0, e - s, list(range(page, page + pages))))
+            ids.append(tokens[i, s:e])
+            page += pages
     device = runner.device
     meta, positions = runner.metadata(rows)
-    ids = torch.from_numpy(win.astype(np.int64).reshape(-1)).to(device)
+    ids = torch.from_numpy(np.concatenate(ids).astype(np.int64)).to(device)
     _, hidden = runner.forward(ids, positions, meta, torch.zeros(0, dtype=torch.long, device=device),
                                hidden_indices=slice(None))
-    return hidden.view(b, T, -1).float().cpu()
+    out = torch.zeros(b, T, hidden.shape[-1])
+    at = 0
+    for i in range(b):
+        used = spans[i][-1][1]
+        out[i, :used] = hidden[at:at + used].float().cpu()
+        at += used
+    return out
 
 
 class FeatureSet:
     """Reads a finished feature directory: ``len()`` windows, ``get(indices)`` ->
-    (tokens (b, T) int64, hidden (b, T, H) float32)."""
+    (tokens (b, T) int64, hidden (b, T, H) float32), ``layout(indices)`` -> their
+    ``WindowLayout``."""
 
     def __init__(self, path: str, target_fp: Optional[str] = None):
         ipath = os.path.join(path, "index.json")
@@ -120,16 +151,25 @@ class FeatureSet:
         if target_fp is not None and self.index["target_fingerprint"] != target_fp:
             raise ValueError(f"{path}: features were computed by another target "
                              f"({self.index['target_fingerprint']} != {target_fp})")
-        tokens, hidden = [], []
+        parts = {k: [] for k in ("tokens", "hidden", "positions", "segments", "drafted")}
         for e in self.index["shards"]:
             d = load_file(os.path.join(path, e["file"]))
-            tokens.append(d["tokens"])
-            hidden.append(d["hidden"])
-        self.tokens = torch.cat(tokens).long()
-        self.hidden = torch.cat(hidden)
+            for k, v in parts.items():
+                if k not in d:
+                    raise ValueError(f"{path}: {e['file']} has no {k!r} tensor (features of an older layout): "
+                                     f"delete the directory and run the feature pass again")
+                v.append(d[k])
+        self.tokens = torch.cat(parts["tokens"]).long()
+        self.hidden = torch.cat(parts["hidden"])
+        self.positions = torch.cat(parts["positions"]).long()
+        self.segments = torch.cat(parts["segments"]).long()
+        self.drafted = torch.cat(parts["drafted"]).bool()
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
     def get(self, idx: torch.Tensor):
         return self.tokens[idx], self.hidden[idx].float()
+
+    def layout(self, idx: torch.Tensor) -> WindowLayout:
+        return WindowLayout(self.positions[idx], self.segments[idx], self.drafted[idx])

@@ -4,6 +4,9 @@ Only the head trains; embedding and lm_head are the target's, frozen and never s
 with the head. Per unroll step k (weight 0.8^(k-1)):
 
     SmoothL1(f_hat_i, h_{i+1}) + w * soft-CE(lm_head(f_hat_i), softmax(lm_head(h_{i+1})))
+
+over the rows whose prediction is drafted (``unroll.valid_rows``: inside one segment of a
+packed window, past a chat record's prompt).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from tqdm import tqdm
 
 from ..models.mtp import MTPHead
 from .features import FeatureSet
-from .unroll import UnrollAttention, valid_rows
+from .unroll import UnrollAttention, WindowLayout, valid_rows
 
 
 @dataclass
@@ -48,17 +51,22 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def unrolled_features(head: MTPHead, tokens: torch.Tensor, hidden: torch.Tensor, unroll: int,
-                      noise: float = 0.0, generator: Optional[torch.Generator] = None):
+                      noise: float = 0.0, generator: Optional[torch.Generator] = None,
+                      layout: Optional[WindowLayout] = None):
     """tokens (B, T), hidden (B, T, H) -> one (B, T-1, H) output per unroll step; row i of
-    step k predicts the feature at i + 1 (valid where i >= k - 1)."""
+    step k predicts the feature at i + 1 (valid where ``valid_rows``). ``layout``: the
+    windows' segments (None: one per window)."""
     B, T = tokens.shape
     T1, H = T - 1, hidden.shape[-1]
     ids = tokens[:, 1:].reshape(-1)                                   # t_{i+1} at position i
-    positions = torch.arange(T1).repeat(B)
+    if layout is None:
+        positions, segments = torch.arange(T1).repeat(B), None
+    else:
+        positions, segments = layout.positions[:, :-1].reshape(-1), layout.segments[:, :-1]
     feats = hidden[:, :-1]
     if noise:
         feats = feats + (torch.rand(feats.shape, generator=generator) * 2 - 1) * noise
-    attn, outs = UnrollAttention(B, T1), []
+    attn, outs = UnrollAttention(B, T1, segments), []
     for _ in range(unroll):
         outs.append(head(ids, positions, attn, feats.reshape(-1, H)).view(B, T1, H))
         feats = torch.cat([torch.zeros(B, 1, H), outs[-1][:, :-1]], dim=1)  # step k+1 at i reads step k at i-1
@@ -67,18 +75,23 @@ def unrolled_features(head: MTPHead, tokens: torch.Tensor, hidden: torch.Tensor,
 
 def head_loss(head: MTPHead, tokens: torch.Tensor, hidden: torch.Tensor, unroll: int, ce_weight: float,
               noise: float = 0.0, generator: Optional[torch.Generator] = None,
-              vocab_ids: Optional[torch.Tensor] = None):
+              vocab_ids: Optional[torch.Tensor] = None, layout: Optional[WindowLayout] = None):
     """tokens (B, T), hidden (B, T, H) -> (total loss, [per-step (feature loss, CE, top-1 acc)]).
     ``vocab_ids``: the soft cross-entropy (and top-1) over these tokens only - the draft
-    vocabulary the head will propose from - with the teacher renormalised over them."""
+    vocabulary the head will propose from - with the teacher renormalised over them.
+    ``layout``: the windows' segments and drafted positions (None: one segment, all drafted)."""
     B, T = tokens.shape
-    T1, H = T - 1, hidden.shape[-1]
+    layout = layout or WindowLayout.uniform(B, T)
+    H = hidden.shape[-1]
     target = hidden[:, 1:].reshape(-1, H)                             # h_{i+1}
     with torch.no_grad():
         teacher = head.training_logits(target, vocab_ids).log_softmax(-1)
     total, parts = 0.0, []
-    for k, out in enumerate(unrolled_features(head, tokens, hidden, unroll, noise, generator), start=1):
-        rows = valid_rows(k, T1).expand(B, T1).reshape(-1)
+    for k, out in enumerate(unrolled_features(head, tokens, hidden, unroll, noise, generator, layout), start=1):
+        rows = valid_rows(k, layout).reshape(-1)
+        if not rows.any():   # no chain of this length in the batch
+            parts.append((0.0, 0.0, 0.0))
+            continue
         o = out.reshape(-1, H)[rows]
         feat_loss = F.smooth_l1_loss(o, target[rows])
         logp = head.training_logits(o, vocab_ids).log_softmax(-1)
@@ -98,7 +111,8 @@ def evaluate(head: MTPHead, val: FeatureSet, cfg: TrainConfig, vocab_ids: Option
     for lo in range(0, n, cfg.batch_size):
         idx = torch.arange(lo, min(n, lo + cfg.batch_size))
         tokens, hidden = val.get(idx)
-        loss, parts = head_loss(head, tokens, hidden, cfg.unroll, cfg.ce_weight, vocab_ids=vocab_ids)
+        loss, parts = head_loss(head, tokens, hidden, cfg.unroll, cfg.ce_weight, vocab_ids=vocab_ids,
+                                layout=val.layout(idx))
         row = [len(idx) * x for x in [float(loss)] + [x for p in parts for x in p]]
         sums = row if sums is None else [a + b for a, b in zip(sums, row)]
     head.train()
@@ -148,7 +162,8 @@ def train_head(head: MTPHead, train: FeatureSet, val: FeatureSet, cfg: TrainConf
         tokens, hidden = train.get(idx)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        loss, parts = head_loss(head, tokens, hidden, cfg.unroll, cfg.ce_weight, cfg.noise, g, vocab_ids)
+        loss, parts = head_loss(head, tokens, hidden, cfg.unroll, cfg.ce_weight, cfg.noise, g, vocab_ids,
+                                train.layout(idx))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)

@@ -15,9 +15,10 @@ import torch
 from ..models.loader import checkpoint_fingerprint, load_model, load_tokenizer, resolve_quantization
 from ..models.mtp import MTPHead
 from ..models.mtp_loader import read_mtp_head, save_mtp_head
-from .data import read_corpus, tokenize, windows
+from .data import read_corpus
 from .features import FeatureSet, compute_features
 from .mtp_train import TrainConfig, train_head
+from .windows import pack_documents, tokenize_documents
 
 EXPORT_FORMATS = ("sonarspec", "eagle1", "deepseek")
 
@@ -75,9 +76,9 @@ def validate_in_engine(target_dir: str, head_dir: str, prompts: List[List[int]],
             "equal_to_plain_decoding": got == plain}
 
 
-def frequent_tokens(windows_: np.ndarray, vocab_size: int, n: int):
-    """(the ``n`` most frequent token ids, sorted; the share of tokens they cover)."""
-    counts = np.bincount(windows_.reshape(-1), minlength=vocab_size)
+def frequent_tokens(tokens: np.ndarray, vocab_size: int, n: int):
+    """(the ``n`` most frequent of ``tokens``' ids, sorted; the share of tokens they cover)."""
+    counts = np.bincount(tokens.reshape(-1), minlength=vocab_size)
     ids = np.sort(np.argsort(-counts, kind="stable")[:n])
     return torch.from_numpy(ids.astype(np.int64)), float(counts[ids].sum() / counts.sum())
 
@@ -106,12 +107,13 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     quant = resolve_quantization(quantization, target_dir)
     feature_target = target if quant == "none" else load_model(target_dir, quantization=quantization)
     tokenizer = load_tokenizer(target_dir)
-    train_txt, val_txt = read_corpus(data, exclude)
+    train_docs, val_docs = read_corpus(data, exclude)
     eot = tokenizer.eos_token_id
-    train_win = windows(tokenize(tokenizer, train_txt, eot), seq_len, max_windows)
-    val_win = windows(tokenize(tokenizer, val_txt, eot), seq_len, max(1, max_windows // 20))
-    log(f"data: {len(train_txt)} train / {len(val_txt)} validation documents -> "
-        f"{len(train_win)} / {len(val_win)} windows of {seq_len} tokens")
+    train_win = pack_documents(tokenize_documents(tokenizer, train_docs, eot), seq_len, max_windows)
+    val_win = pack_documents(tokenize_documents(tokenizer, val_docs, eot), seq_len, max(1, max_windows // 20))
+    log(f"data: {len(train_docs)} train / {len(val_docs)} validation documents -> "
+        f"{len(train_win)} / {len(val_win)} windows of {seq_len} tokens "
+        f"({train_win.drafted.mean():.0%} of the training positions drafted)")
     fp, tok_fp = checkpoint_fingerprint(target_dir), tokenizer.fingerprint()
     feature_fp = fp if quant == "none" else f"{fp}-{quant}"   # features of the quantized target differ
     for name, win in (("train", train_win), ("val", val_win)):
@@ -131,7 +133,8 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
         log(f"starting from the head in {init_from}")
     ids = coverage = None
     if draft_vocab_size:   # the head proposes from these tokens only, so it is trained over them
-        ids, coverage = frequent_tokens(train_win, target.config.vocab_size, draft_vocab_size)
+        ids, coverage = frequent_tokens(train_win.tokens[train_win.drafted], target.config.vocab_size,
+                                        draft_vocab_size)
         log(f"draft vocabulary: the {len(ids)} most frequent tokens cover {coverage:.1%} of the training tokens")
     history = train_head(head, train_fs, val_fs, cfg, os.path.join(work, f"train-{layout}"), resume, log, ids)
     head.eval()
@@ -148,7 +151,7 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     for fmt in formats:
         if fmt != "sonarspec":
             export_head(head, f"{out.rstrip('/')}-{fmt}", fmt, target.config.num_hidden_layers, info, export_dtype)
-    prompts = [w[:32].tolist() for w in val_win[:validate_prompts]]
+    prompts = val_win.prompts[:validate_prompts]
     if prompts:
         info["engine_validation"] = validate_in_engine(target_dir, out, prompts, max(3, cfg.unroll), validate_tokens,
                                                        quantization=quantization)

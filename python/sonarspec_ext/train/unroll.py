@@ -5,16 +5,33 @@ Step 1 runs at every position i on the target's features h_i. Step k >= 2 at pos
 reads the step k-1 output of position i-1 (its own predicted feature) and attends like
 the k-th link of a draft chain that left the accurate positions at i-k+1: step-1 keys at
 positions <= i-k+1, and the step-j key at position i-k+j for j = 2..k (its own chain).
-Keys of earlier steps are kept with their gradients.
+Keys of earlier steps are kept with their gradients. In packed windows
+(``train.windows``) a query sees keys of its own segment only.
 """
 from __future__ import annotations
 
-from typing import List
+from dataclasses import dataclass
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
 
 from ..layers.attention import AttentionBackend
+
+
+@dataclass
+class WindowLayout:
+    """Per token of a batch of windows (b, T): position in its segment, segment index (-1:
+    padding), and whether the target's next-token prediction there is drafted."""
+    positions: torch.Tensor
+    segments: torch.Tensor
+    drafted: torch.Tensor
+
+    @classmethod
+    def uniform(cls, b: int, T: int) -> "WindowLayout":
+        """One segment per window, drafted everywhere."""
+        return cls(torch.arange(T).expand(b, T), torch.zeros(b, T, dtype=torch.long),
+                   torch.ones(b, T, dtype=torch.bool))
 
 
 def chain_mask(step: int, T: int, device=None) -> torch.Tensor:
@@ -29,17 +46,21 @@ def chain_mask(step: int, T: int, device=None) -> torch.Tensor:
     return torch.cat(blocks, dim=1)
 
 
-def valid_rows(step: int, T: int, device=None) -> torch.Tensor:
-    """(T,) bool: positions where step ``step`` continues a real chain."""
-    return torch.arange(T, device=device) >= step - 1
+def valid_rows(step: int, layout: WindowLayout) -> torch.Tensor:
+    """(b, T-1) bool: rows i (predicting the feature at i + 1) where step ``step`` continues
+    a real chain inside one segment and the prediction at i + 1 is drafted."""
+    pos, seg = layout.positions[:, :-1], layout.segments[:, :-1]
+    return (pos >= step - 1) & (seg >= 0) & (layout.segments[:, 1:] == seg) & layout.drafted[:, 1:]
 
 
 class UnrollAttention(AttentionBackend):
     """Attention for ``batch_size`` windows of ``seq_len`` positions; each call is one unroll
-    step and appends its keys and values to the ones of the earlier steps."""
+    step and appends its keys and values to the ones of the earlier steps. ``segments``
+    (batch_size, seq_len): queries see keys of their own segment only (None: one each)."""
 
-    def __init__(self, batch_size: int, seq_len: int):
+    def __init__(self, batch_size: int, seq_len: int, segments: Optional[torch.Tensor] = None):
         self.B, self.T = batch_size, seq_len
+        self.same = None if segments is None else (segments[:, :, None] == segments[:, None, :])[:, None]
         self.keys: List[torch.Tensor] = []
         self.values: List[torch.Tensor] = []
 
@@ -50,6 +71,8 @@ class UnrollAttention(AttentionBackend):
         self.values.append(v)
         step = len(self.keys)
         mask = chain_mask(step, T, q.device)
+        if self.same is not None:   # (B, 1, T, step * T)
+            mask = mask & self.same.repeat(1, 1, 1, step)
         out = F.scaled_dot_product_attention(q, torch.cat(self.keys, 2), torch.cat(self.values, 2),
                                              attn_mask=mask, enable_gqa=True)
         return out.transpose(1, 2).reshape(B * T, -1)
