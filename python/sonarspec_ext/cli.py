@@ -164,8 +164,10 @@ def _add_train_mtp(sub) -> None:
     t.add_argument("--unroll", type=positive_int, default=1, help="train on K-step chains of the head's own outputs")
     t.add_argument("--ce-weight", type=float, default=0.1)
     t.add_argument("--noise", type=float, default=0.1)
-    t.add_argument("--seq-len", type=positive_int, default=256)
-    t.add_argument("--max-windows", type=positive_int, default=2000)
+    t.add_argument("--seq-len", type=positive_int, default=256,
+                   help="window length; documents longer than it are cut into chunks (768 holds nearly every conversation of the SmolLM2 chat corpus whole)")
+    t.add_argument("--max-windows", type=positive_int, default=2000,
+                   help="at most this many training windows, drawn at random (seeded); a 20th of it for validation")
     t.add_argument("--feature-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     t.add_argument("--export-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="dtype of the exported head's tensors (engine validation runs on the exported head)")
