@@ -65,9 +65,16 @@ def build_draft(cfg, state: dict, layers: int) -> LlamaForCausalLM:
     return draft
 
 
-def draft_hidden(draft, tokens: torch.Tensor) -> torch.Tensor:
+def draft_hidden(draft, tokens: torch.Tensor, layout) -> torch.Tensor:
+    """The draft's final hidden states over packed windows (``train.windows``): each
+    segment from its own position 0, attending within itself."""
     B, T = tokens.shape
-    return draft(tokens.reshape(-1), torch.arange(T).repeat(B), DenseCausalAttention(B, T))
+    return draft(tokens.reshape(-1), layout.positions.reshape(-1), DenseCausalAttention(B, T, layout.segments))
+
+
+def drafted_rows(layout) -> torch.Tensor:
+    """(B * T,) bool: positions whose next-token prediction a drafter is asked for."""
+    return ((layout.segments >= 0) & layout.drafted).reshape(-1)
 
 
 @torch.no_grad()
@@ -77,9 +84,11 @@ def agreement(draft, val: FeatureSet, w_vocab, vocab_ids, w_full, num_windows: i
     draft.eval()
     same = total = kl = 0.0
     for i in range(0, min(num_windows, len(val)), batch):
-        tokens, hidden = val.get(torch.arange(i, min(i + batch, num_windows, len(val))))
-        h = hidden.reshape(-1, hidden.shape[-1])
-        d = draft_hidden(draft, tokens) @ w_vocab.T
+        idx = torch.arange(i, min(i + batch, num_windows, len(val)))
+        (tokens, hidden), layout = val.get(idx), val.layout(idx)
+        rows = drafted_rows(layout)
+        h = hidden.reshape(-1, hidden.shape[-1])[rows]
+        d = draft_hidden(draft, tokens, layout)[rows] @ w_vocab.T
         same += (vocab_ids[d.argmax(-1)] == (h @ w_full.T).argmax(-1)).sum().item()
         kl += F.kl_div(d.log_softmax(-1), (h @ w_vocab.T).log_softmax(-1), log_target=True, reduction="sum").item()
         total += h.shape[0]
@@ -115,7 +124,7 @@ def main():
     cfg = load_config(target_dir)
     state = target_state(target_dir, cfg)
     train, val = FeatureSet(os.path.join(args.features, "train")), FeatureSet(os.path.join(args.features, "val"))
-    vocab_ids, coverage = frequent_tokens(train.tokens.numpy(), cfg.vocab_size, args.draft_vocab)
+    vocab_ids, coverage = frequent_tokens(train.tokens[train.drafted].numpy(), cfg.vocab_size, args.draft_vocab)
     w_full = float_weight(state.get("lm_head.weight", state["model.embed_tokens.weight"]))
     w_vocab = w_full[vocab_ids].contiguous()
     draft = build_draft(cfg, state, args.layers).train()
@@ -131,10 +140,12 @@ def main():
     clock = base.StepClock(run, args.steps, args.lr, "distil draft", warmup=50)
     for step in clock.steps(opt):
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-        tokens, hidden = train.get(torch.randint(0, len(train), (args.batch_size,), generator=g))
+        idx = torch.randint(0, len(train), (args.batch_size,), generator=g)
+        (tokens, hidden), layout = train.get(idx), train.layout(idx)
+        rows = drafted_rows(layout)
         with torch.no_grad():
-            teacher = (hidden.reshape(-1, hidden.shape[-1]) @ w_vocab.T).log_softmax(-1)
-        logp = (draft_hidden(draft, tokens) @ w_vocab.T).log_softmax(-1)
+            teacher = (hidden.reshape(-1, hidden.shape[-1])[rows] @ w_vocab.T).log_softmax(-1)
+        logp = (draft_hidden(draft, tokens, layout)[rows] @ w_vocab.T).log_softmax(-1)
         loss = F.kl_div(logp, teacher, log_target=True, reduction="batchmean")
         base.optimizer_step(opt, draft, loss)
         ema = clock.tick(loss.item())
@@ -153,7 +164,14 @@ def main():
             "train_windows": len(train), "val_windows": len(val), "wall_time_min": round(run["wall"] / 60, 1),
             "before": run["before"], "after": after, "history": run["history"], "torch": torch.__version__}
     export(draft, cfg, vocab_ids, load_tokenizer(target_dir), args.out)
-    prompts = [w[:32].tolist() for w in val.tokens[:16]]   # held-out windows, as train-mtp validates heads
+    # held-out segments' prompts: the tokens before the first drafted prediction (else 32 tokens)
+    prompts = []
+    for w, seg, dr in zip(val.tokens, val.segments, val.drafted):
+        first = seg == seg[0]
+        n = int(dr[first].int().argmax()) + 1 if dr[first].any() else 0
+        prompts.append(w[:n if n > 1 else 32].tolist())
+        if len(prompts) == 16:
+            break
     info["engine_validation"] = validate_in_engine(target_dir, args.out, prompts, 3, 64, method="draft_target")
     with open(os.path.join(args.out, "training.json"), "w") as fh:
         json.dump(info, fh, indent=1)

@@ -112,3 +112,17 @@ def test_unrolled_head_attends_within_its_segment(llama_dir):
 def test_token_arrays_pack_as_one_segment_each():
     w = PackedWindows.uniform(np.arange(12).reshape(2, 6))
     assert w.segment_spans(1) == [(0, 6)] and w.drafted.all() and w.positions[1].tolist() == list(range(6))
+
+
+def test_dense_attention_within_segments():
+    """Oracle: plain causal attention over each segment alone."""
+    from sonarspec_ext.layers.attention import DenseCausalAttention
+    g = torch.Generator().manual_seed(1)
+    seg = torch.tensor([[0, 0, 0, 1, 1, -1], [0, 0, 0, 0, 0, 0]])
+    q, k, v = (torch.randn(12, h, 8, generator=g) for h in (4, 2, 2))
+    out = DenseCausalAttention(2, 6, seg).attend(0, q, k, v).view(2, 6, -1)
+    for b, spans in ((0, [(0, 3), (3, 5)]), (1, [(0, 6)])):
+        for s, e in spans:
+            rows = slice(b * 6 + s, b * 6 + e)
+            alone = DenseCausalAttention(1, e - s).attend(0, q[rows], k[rows], v[rows])
+            torch.testing.assert_close(out[b, s:e], alone, rtol=1e-5, atol=1e-5)

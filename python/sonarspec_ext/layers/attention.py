@@ -22,15 +22,22 @@ class AttentionBackend:
 
 
 class DenseCausalAttention(AttentionBackend):
-    """Causal attention over ``batch_size`` equal-length sequences, no cache (training)."""
+    """Causal attention over ``batch_size`` equal-length sequences, no cache (training).
+    ``segments`` (batch_size, seq_len): packed windows whose tokens attend within their own
+    segment only (None: each window one sequence)."""
 
-    def __init__(self, batch_size: int, seq_len: int):
+    def __init__(self, batch_size: int, seq_len: int, segments: Optional[torch.Tensor] = None):
         self.batch_size, self.seq_len = batch_size, seq_len
+        self.mask = None
+        if segments is not None:
+            causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=segments.device).tril()
+            self.mask = (causal & (segments[:, :, None] == segments[:, None, :]))[:, None]
 
     def attend(self, layer_idx, q, k, v):
         B, T = self.batch_size, self.seq_len
         q, k, v = (t.view(B, T, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.mask is None, attn_mask=self.mask,
+                                             enable_gqa=True)
         return out.transpose(1, 2).reshape(B * T, -1)
 
 
