@@ -72,11 +72,6 @@ def draft_hidden(draft, tokens: torch.Tensor, layout) -> torch.Tensor:
     return draft(tokens.reshape(-1), layout.positions.reshape(-1), DenseCausalAttention(B, T, layout.segments))
 
 
-def drafted_rows(layout) -> torch.Tensor:
-    """(B * T,) bool: positions whose next-token prediction a drafter is asked for."""
-    return ((layout.segments >= 0) & layout.drafted).reshape(-1)
-
-
 @torch.no_grad()
 def agreement(draft, val: FeatureSet, w_vocab, vocab_ids, w_full, num_windows: int, batch: int) -> dict:
     """Share of held-out positions where the draft's top token (in its vocabulary) is the
@@ -86,7 +81,7 @@ def agreement(draft, val: FeatureSet, w_vocab, vocab_ids, w_full, num_windows: i
     for i in range(0, min(num_windows, len(val)), batch):
         idx = torch.arange(i, min(i + batch, num_windows, len(val)))
         (tokens, hidden), layout = val.get(idx), val.layout(idx)
-        rows = drafted_rows(layout)
+        rows = layout.drafted.reshape(-1)   # never in padding
         h = hidden.reshape(-1, hidden.shape[-1])[rows]
         d = draft_hidden(draft, tokens, layout)[rows] @ w_vocab.T
         same += (vocab_ids[d.argmax(-1)] == (h @ w_full.T).argmax(-1)).sum().item()
@@ -142,7 +137,7 @@ def main():
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
         idx = torch.randint(0, len(train), (args.batch_size,), generator=g)
         (tokens, hidden), layout = train.get(idx), train.layout(idx)
-        rows = drafted_rows(layout)
+        rows = layout.drafted.reshape(-1)   # never in padding
         with torch.no_grad():
             teacher = (hidden.reshape(-1, hidden.shape[-1])[rows] @ w_vocab.T).log_softmax(-1)
         logp = (draft_hidden(draft, tokens, layout)[rows] @ w_vocab.T).log_softmax(-1)

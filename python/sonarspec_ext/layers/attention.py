@@ -21,6 +21,12 @@ class AttentionBackend:
         raise NotImplementedError
 
 
+def segment_mask(segments: torch.Tensor) -> torch.Tensor:
+    """(B, T) segment ids of packed training windows -> (B, 1, T, T) bool: query and key in
+    one segment."""
+    return (segments[:, :, None] == segments[:, None, :])[:, None]
+
+
 class DenseCausalAttention(AttentionBackend):
     """Causal attention over ``batch_size`` equal-length sequences, no cache (training).
     ``segments`` (batch_size, seq_len): packed windows whose tokens attend within their own
@@ -31,7 +37,7 @@ class DenseCausalAttention(AttentionBackend):
         self.mask = None
         if segments is not None:
             causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=segments.device).tril()
-            self.mask = (causal & (segments[:, :, None] == segments[:, None, :]))[:, None]
+            self.mask = causal & segment_mask(segments)
 
     def attend(self, layer_idx, q, k, v):
         B, T = self.batch_size, self.seq_len

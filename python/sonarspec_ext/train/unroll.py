@@ -16,13 +16,14 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
-from ..layers.attention import AttentionBackend
+from ..layers.attention import AttentionBackend, segment_mask
 
 
 @dataclass
 class WindowLayout:
     """Per token of a batch of windows (b, T): position in its segment, segment index (-1:
-    padding), and whether the target's next-token prediction there is drafted."""
+    padding), and whether the target's next-token prediction there is drafted (never in
+    padding)."""
     positions: torch.Tensor
     segments: torch.Tensor
     drafted: torch.Tensor
@@ -50,7 +51,7 @@ def valid_rows(step: int, layout: WindowLayout) -> torch.Tensor:
     """(b, T-1) bool: rows i (predicting the feature at i + 1) where step ``step`` continues
     a real chain inside one segment and the prediction at i + 1 is drafted."""
     pos, seg = layout.positions[:, :-1], layout.segments[:, :-1]
-    return (pos >= step - 1) & (seg >= 0) & (layout.segments[:, 1:] == seg) & layout.drafted[:, 1:]
+    return (pos >= step - 1) & (layout.segments[:, 1:] == seg) & layout.drafted[:, 1:]
 
 
 class UnrollAttention(AttentionBackend):
@@ -60,7 +61,7 @@ class UnrollAttention(AttentionBackend):
 
     def __init__(self, batch_size: int, seq_len: int, segments: Optional[torch.Tensor] = None):
         self.B, self.T = batch_size, seq_len
-        self.same = None if segments is None else (segments[:, :, None] == segments[:, None, :])[:, None]
+        self.same = None if segments is None else segment_mask(segments)
         self.keys: List[torch.Tensor] = []
         self.values: List[torch.Tensor] = []
 
