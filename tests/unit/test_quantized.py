@@ -140,6 +140,14 @@ for fmt in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
         qm = QuantizedMatrix.quantize(torch.randn(n, k, generator=g), fmt)
         y = kernel_linear(torch.randn(m, k, generator=g) * 3, qm)
         out[f"{fmt} {m}x{n}x{k}"] = y.view(torch.int32).flatten().tolist()
+# activations whose quants are ties (blocks scaled to 127: x * inv = k + 0.5, rounded to even)
+# and of extreme magnitudes: every kernel's quantizer follows the portable rule
+ties = torch.randint(-127, 127, (7, 96), generator=g).float() + 0.5
+ties[:, ::32] = 127.0
+for name, x in (("ties", ties), ("huge", torch.randn(3, 96, generator=g) * 1e30),
+                ("tiny", torch.randn(3, 96, generator=g) * 1e-30)):
+    qm = QuantizedMatrix.quantize(torch.randn(21, 96, generator=g), "q4_1")
+    out[f"quantizer {name}"] = kernel_linear(x, qm).view(torch.int32).flatten().tolist()
 # Q8_0 quants at both extremes (-128 and 127) against activations that round to +-127
 blocks = QuantizedMatrix.quantize(torch.randn(24, 64, generator=g), "q8_0").to_blocks().reshape(24, 2, 34).copy()
 quants = blocks[..., 2:].view(np.int8)

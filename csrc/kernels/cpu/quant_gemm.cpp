@@ -60,7 +60,10 @@ QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, RowBuffers& bu
   buf.ds.resize(static_cast<size_t>(m * kb));
   buf.s.resize(static_cast<size_t>(m * kb));
   buf.s16.resize(static_cast<size_t>(2 * m * kb));
-  const auto quantize = kernel_here() == Kernel::kVnni ? quantize_blocks_vnni : quantize_blocks_scalar;
+  const Kernel kernel = kernel_here();
+  const auto quantize = kernel == Kernel::kVnni   ? quantize_blocks_vnni
+                        : kernel == Kernel::kAvx2 ? quantize_blocks_avx2
+                                                  : quantize_blocks_scalar;
   quantize(x, m * kb, buf.q.data(), buf.d.data(), buf.s.data(), buf.s16.data(), buf.ds.data());
   QuantizedRows r;
   r.q = buf.q.data();

@@ -78,11 +78,13 @@ inline uint32_t fifth_bits(const uint8_t* blk, WeightFormat f, int64_t r) {
 }
 
 // Quantizes blocks of 32 floats: q[32 b + t], d[b], s[b] (sum of the block's quants),
-// s16[2 b + h] (sums of its halves) and ds[b] = d[b] * s[b], by quant_gemm.h's rule. Both
-// versions give identical results.
+// s16[2 b + h] (sums of its halves) and ds[b] = d[b] * s[b], by quant_gemm.h's rule. Every
+// version gives identical results.
 void quantize_blocks_scalar(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, int32_t* s16,
                             float* ds);
 void quantize_blocks_vnni(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, int32_t* s16,
+                          float* ds);
+void quantize_blocks_avx2(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, int32_t* s16,
                           float* ds);
 
 // y[i, j] for rows i < m and columns j in [n_begin, n_end), n_begin a multiple of 16.
