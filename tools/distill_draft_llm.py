@@ -44,6 +44,7 @@ from sonarspec_ext.models.loader import (checkpoint_fingerprint, gguf_file, load
 from sonarspec_ext.ops.quantized import float_weight  # noqa: E402
 from sonarspec_ext.train.features import FeatureSet  # noqa: E402
 from sonarspec_ext.train.train_mtp import frequent_tokens, validate_in_engine  # noqa: E402
+from sonarspec_ext.train.windows import segment_prompts  # noqa: E402
 
 
 def target_state(path: str, cfg) -> dict:
@@ -159,14 +160,7 @@ def main():
             "train_windows": len(train), "val_windows": len(val), "wall_time_min": round(run["wall"] / 60, 1),
             "before": run["before"], "after": after, "history": run["history"], "torch": torch.__version__}
     export(draft, cfg, vocab_ids, load_tokenizer(target_dir), args.out)
-    # held-out segments' prompts: the tokens before the first drafted prediction (else 32 tokens)
-    prompts = []
-    for w, seg, dr in zip(val.tokens, val.segments, val.drafted):
-        first = seg == seg[0]
-        n = int(dr[first].int().argmax()) + 1 if dr[first].any() else 0
-        prompts.append(w[:n if n > 1 else 32].tolist())
-        if len(prompts) == 16:
-            break
+    prompts = segment_prompts(val.tokens, val.positions, val.segments, val.drafted, 16)
     info["engine_validation"] = validate_in_engine(target_dir, args.out, prompts, 3, 64, method="draft_target")
     with open(os.path.join(args.out, "training.json"), "w") as fh:
         json.dump(info, fh, indent=1)

@@ -203,7 +203,7 @@ def test_features_of_the_served_quantization_and_a_warm_start(llama_dir, heads, 
     stored = FeatureSet(str(work / "features" / "train"))
     lay = stored.layout(torch.arange(len(stored)))
     win = PackedWindows(stored.tokens.numpy().astype(np.int32), lay.positions.numpy().astype(np.int32),
-                        lay.segments.numpy().astype(np.int16), lay.drafted.numpy(), [])
+                        lay.segments.numpy().astype(np.int16), lay.drafted.numpy())
     for quant, same in (("q8_0", True), ("none", False)):
         compute_features(load_model(llama_dir, quantization=quant), win, str(tmp_path / quant), "fp", "tok",
                          "float32", **QUIET)

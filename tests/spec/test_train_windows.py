@@ -12,7 +12,7 @@ from sonarspec_ext.train.data import read_corpus
 from sonarspec_ext.train.features import FeatureSet, compute_features
 from sonarspec_ext.train.mtp_train import head_loss, unrolled_features
 from sonarspec_ext.train.unroll import WindowLayout, valid_rows
-from sonarspec_ext.train.windows import PackedWindows, pack_documents
+from sonarspec_ext.train.windows import PackedWindows, pack_documents, segment_prompts
 
 QUIET = dict(log=lambda *_: None)
 
@@ -25,7 +25,11 @@ def test_packing_small_case():
     # lengths 6, 3, 2, 9 (split 8 + 1: the 1-token tail holds no pair), 1 (dropped); windows of 8
     docs = [_doc(6, 10, num_prompt=2), _doc(3, 20), _doc(2, 30), _doc(9, 40), _doc(1, 50)]
     w = pack_documents(docs, 8)
-    assert len(w) == 3 and w.prompts[0] == [10, 11] and w.prompts[1] == [20, 21, 22]
+    assert len(w) == 3
+    # prompts: a document's tokens before its first drafted prediction's target, else its first
+    # 32; the 9-token document's second chunk begins no document
+    got = segment_prompts(w.tokens, w.positions, w.segments, w.drafted, 10)
+    assert sorted(got) == [[10, 11], list(range(20, 23)), list(range(30, 32)), list(range(40, 48))]
     rows = {tuple(r[s >= 0].tolist()) for r, s in zip(w.tokens, w.segments)}
     # best fit, longest first: [8], [6 + 2], [3]
     assert rows == {tuple(range(40, 48)), tuple(range(10, 16)) + (30, 31), (20, 21, 22)}

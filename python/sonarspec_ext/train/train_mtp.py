@@ -18,7 +18,7 @@ from ..models.mtp_loader import read_mtp_head, save_mtp_head
 from .data import read_corpus
 from .features import FeatureSet, compute_features
 from .mtp_train import TrainConfig, train_head
-from .windows import pack_documents, tokenize_documents
+from .windows import pack_documents, segment_prompts, tokenize_documents
 
 EXPORT_FORMATS = ("sonarspec", "eagle1", "deepseek")
 
@@ -151,7 +151,8 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     for fmt in formats:
         if fmt != "sonarspec":
             export_head(head, f"{out.rstrip('/')}-{fmt}", fmt, target.config.num_hidden_layers, info, export_dtype)
-    prompts = val_win.prompts[:validate_prompts]
+    prompts = segment_prompts(val_win.tokens, val_win.positions, val_win.segments, val_win.drafted,
+                              validate_prompts)
     if prompts:
         info["engine_validation"] = validate_in_engine(target_dir, out, prompts, max(3, cfg.unroll), validate_tokens,
                                                        quantization=quantization)

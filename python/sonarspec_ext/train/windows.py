@@ -34,7 +34,6 @@ class PackedWindows:
     positions: np.ndarray   # (n, T) int32: position in the segment (0 in padding)
     segments: np.ndarray    # (n, T) int16: segment index in the window, -1 in padding
     drafted: np.ndarray     # (n, T) bool: the target's next-token prediction here is drafted
-    prompts: List[List[int]]   # per document: the tokens a drafter starts from (its prompt)
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -45,7 +44,7 @@ class PackedWindows:
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         n, T = tokens.shape
         return cls(tokens, np.broadcast_to(np.arange(T, dtype=np.int32), (n, T)).copy(),
-                   np.zeros((n, T), np.int16), np.ones((n, T), bool), [w[:32].tolist() for w in tokens])
+                   np.zeros((n, T), np.int16), np.ones((n, T), bool))
 
     def segment_spans(self, i: int) -> List[Tuple[int, int]]:
         """[(start, end)] of window ``i``'s segments, in order."""
@@ -75,11 +74,10 @@ def pack_documents(docs: Sequence[Tuple[np.ndarray, int]], seq_len: int, limit: 
     fewer than two tokens hold no training pair and are left out."""
     if seq_len < 2:
         raise ValueError(f"seq_len must be at least 2, got {seq_len}")
-    chunks, prompts = [], []
+    chunks = []
     for ids, num_prompt in docs:
         if len(ids) < 2:
             continue
-        prompts.append(ids[:num_prompt].tolist() if num_prompt else ids[:32].tolist())
         chunks += [(ids[lo:lo + seq_len], lo, num_prompt) for lo in range(0, len(ids), seq_len)
                    if len(ids) - lo >= 2]
     if not chunks:
@@ -114,4 +112,24 @@ def pack_documents(docs: Sequence[Tuple[np.ndarray, int]], seq_len: int, limit: 
             segments[i, at:at + m] = s
             drafted[i, at:at + m] = lo + np.arange(m) >= num_prompt - 1
             at += m
-    return PackedWindows(tokens, positions, segments, drafted, prompts)
+    return PackedWindows(tokens, positions, segments, drafted)
+
+
+def segment_prompts(tokens, positions, segments, drafted, limit: int) -> List[List[int]]:
+    """The prompts drafters start from, read off packed windows (``PackedWindows``' arrays
+    or a ``FeatureSet``'s tensors): for each segment that begins a document (position 0),
+    its tokens up to its first drafted prediction - a chat record's whole prompt - else its
+    first 32 tokens; at most ``limit``, in window order."""
+    out: List[List[int]] = []
+    for w in range(len(tokens)):
+        tok, pos, seg, dr = (np.asarray(a[w]) for a in (tokens, positions, segments, drafted))
+        for s in np.unique(seg[seg >= 0]):
+            at = np.flatnonzero(seg == s)
+            if pos[at[0]] != 0:
+                continue   # a later chunk of a long document
+            hits = np.flatnonzero(dr[at])
+            n = int(hits[0]) + 1 if len(hits) else 0
+            out.append(tok[at][:n if n > 1 else 32].tolist())
+            if len(out) == limit:
+                return out
+    return out
