@@ -160,7 +160,7 @@ def main():
             "train_windows": len(train), "val_windows": len(val), "wall_time_min": round(run["wall"] / 60, 1),
             "before": run["before"], "after": after, "history": run["history"], "torch": torch.__version__}
     export(draft, cfg, vocab_ids, load_tokenizer(target_dir), args.out)
-    prompts = segment_prompts(val.tokens, val.positions, val.segments, val.drafted, 16)
+    prompts = segment_prompts(val.tokens, val.segments, val.drafted, 16)
     info["engine_validation"] = validate_in_engine(target_dir, args.out, prompts, 3, 64, method="draft_target")
     with open(os.path.join(args.out, "training.json"), "w") as fh:
         json.dump(info, fh, indent=1)

@@ -26,9 +26,8 @@ def test_packing_small_case():
     docs = [_doc(6, 10, num_prompt=2), _doc(3, 20), _doc(2, 30), _doc(9, 40), _doc(1, 50)]
     w = pack_documents(docs, 8)
     assert len(w) == 3
-    # prompts: a document's tokens before its first drafted prediction's target, else its first
-    # 32; the 9-token document's second chunk begins no document
-    got = segment_prompts(w.tokens, w.positions, w.segments, w.drafted, 10)
+    # prompts: a segment's tokens up to its first drafted prediction (a prompt), else its first 32
+    got = segment_prompts(w.tokens, w.segments, w.drafted, 10)
     assert sorted(got) == [[10, 11], list(range(20, 23)), list(range(30, 32)), list(range(40, 48))]
     rows = {tuple(r[s >= 0].tolist()) for r, s in zip(w.tokens, w.segments)}
     # best fit, longest first: [8], [6 + 2], [3]

@@ -151,8 +151,7 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     for fmt in formats:
         if fmt != "sonarspec":
             export_head(head, f"{out.rstrip('/')}-{fmt}", fmt, target.config.num_hidden_layers, info, export_dtype)
-    prompts = segment_prompts(val_win.tokens, val_win.positions, val_win.segments, val_win.drafted,
-                              validate_prompts)
+    prompts = segment_prompts(val_win.tokens, val_win.segments, val_win.drafted, validate_prompts)
     if prompts:
         info["engine_validation"] = validate_in_engine(target_dir, out, prompts, max(3, cfg.unroll), validate_tokens,
                                                        quantization=quantization)

@@ -115,18 +115,16 @@ def pack_documents(docs: Sequence[Tuple[np.ndarray, int]], seq_len: int, limit: 
     return PackedWindows(tokens, positions, segments, drafted)
 
 
-def segment_prompts(tokens, positions, segments, drafted, limit: int) -> List[List[int]]:
+def segment_prompts(tokens, segments, drafted, limit: int) -> List[List[int]]:
     """The prompts drafters start from, read off packed windows (``PackedWindows``' arrays
-    or a ``FeatureSet``'s tensors): for each segment that begins a document (position 0),
-    its tokens up to its first drafted prediction - a chat record's whole prompt - else its
-    first 32 tokens; at most ``limit``, in window order."""
+    or a ``FeatureSet``'s tensors): for each segment (a document, or a chunk of a longer
+    one), its tokens up to its first drafted prediction - a chat record's whole prompt -
+    else its first 32 tokens; at most ``limit``, in window order."""
     out: List[List[int]] = []
     for w in range(len(tokens)):
-        tok, pos, seg, dr = (np.asarray(a[w]) for a in (tokens, positions, segments, drafted))
+        tok, seg, dr = (np.asarray(a[w]) for a in (tokens, segments, drafted))
         for s in np.unique(seg[seg >= 0]):
             at = np.flatnonzero(seg == s)
-            if pos[at[0]] != 0:
-                continue   # a later chunk of a long document
             hits = np.flatnonzero(dr[at])
             n = int(hits[0]) + 1 if len(hits) else 0
             out.append(tok[at][:n if n > 1 else 32].tolist())
