@@ -1,15 +1,15 @@
 // quant_gemm's column kernel and activation quantizer with AVX2, for CPUs without AVX-512
 // VNNI: each 64-byte chunk of the packed layout (4 columns x 16 weight rows) is two 32-byte
 // halves of 8 rows, and VPMADDUBSW multiplies a half (unsigned bytes) by an activation
-// row's 4 quants broadcast (signed), giving 16-bit sums of column pairs that VPMADDWD by ones folds to one int32
-// per weight row. No 16-bit sum can saturate: a Q4 block's eight pair sums add up to at
-// most 8 x 2 x 15 x 127 = 30480, so they are summed in 16 bits and folded once per block;
-// Q8_0's bytes are made signed again (q + 128 -> q) and multiplied as |q| x (x signed
-// like q), at most 2 x 128 x 127 = 32512 per pair, folded per chunk. The integer dot
-// products are therefore exact, and the float step per block is quant_cols_scalar's, lane
-// by lane: the same bits as the portable loops and the VNNI kernel. K-quants: see
-// quant_gemm_avx2_k.cpp. The activations are quantized by quantize_blocks_scalar's rule,
-// 8 lanes at a time.
+// row's 4 quants broadcast (signed), giving 16-bit sums of column pairs that VPMADDWD by
+// ones folds to one int32 per weight row. No 16-bit sum can saturate: a Q4 block's eight
+// pair sums add up to at most 8 x 2 x 15 x 127 = 30480, so they are summed in 16 bits and
+// folded once per block; Q8_0's bytes are made signed again (q + 128 -> q) and multiplied
+// as |q| x (x signed like q), at most 2 x 128 x 127 = 32512 per pair, folded per chunk. The
+// integer dot products are therefore exact, and the float step per block is
+// quant_cols_scalar's, lane by lane: the same bits as the portable loops and the VNNI
+// kernel. K-quants: see quant_gemm_avx2_k.cpp. The activations are quantized by
+// quantize_blocks_scalar's rule, 8 lanes at a time.
 #include <algorithm>
 #include <cmath>
 
