@@ -11,16 +11,10 @@ std::string id_str(int64_t id) { return std::to_string(id); }
 }  // namespace
 
 StepPlan PlanHandle::wait() {
+  // Plans are queued in call order: earlier ones the worker has not started run here
+  // first, so the planner sees the same sequence of steps either way.
   if (owner_) {
-    // Plans are queued in call order: earlier ones the worker has not started run here
-    // first, so the planner sees the same sequence of steps either way.
-    std::shared_ptr<PlanHandle> self;
-    while (!ready() && (self = owner_->front_queued()) != nullptr) {
-      try {
-        self->set(owner_->schedule(self->lookahead_), nullptr);
-      } catch (...) {
-        self->set(StepPlan{}, std::current_exception());
-      }
+    while (!ready() && owner_->run_next_queued()) {
     }
   }
   std::unique_lock<std::mutex> lock(mu_);
@@ -66,29 +60,33 @@ std::shared_ptr<PlanHandle> Planner::schedule_async(int32_t lookahead) {
   return handle;
 }
 
-std::shared_ptr<PlanHandle> Planner::front_queued() {
-  std::lock_guard<std::mutex> lock(task_mu_);
-  if (tasks_.empty()) return nullptr;
-  auto front = std::move(tasks_.front());
-  tasks_.pop_front();
-  return front;
+// Taking a plan off the queue and computing it happen under one lock, so a plan taken
+// later (by the worker or by a waiter) is never computed before an earlier one.
+bool Planner::run_next_queued() {
+  std::lock_guard<std::mutex> exec(exec_mu_);
+  std::shared_ptr<PlanHandle> task;
+  {
+    std::lock_guard<std::mutex> lock(task_mu_);
+    if (tasks_.empty()) return false;
+    task = std::move(tasks_.front());
+    tasks_.pop_front();
+  }
+  try {
+    task->set(schedule(task->lookahead_), nullptr);
+  } catch (...) {
+    task->set(StepPlan{}, std::current_exception());
+  }
+  return true;
 }
 
 void Planner::worker_loop() {
   while (true) {
-    std::shared_ptr<PlanHandle> task;
     {
       std::unique_lock<std::mutex> lock(task_mu_);
       task_cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
       if (tasks_.empty()) return;  // stopping, nothing left
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
     }
-    try {
-      task->set(schedule(task->lookahead_), nullptr);
-    } catch (...) {
-      task->set(StepPlan{}, std::current_exception());
-    }
+    run_next_queued();
   }
 }
 

@@ -152,6 +152,18 @@ def test_async_errors_surface_at_wait_and_plans_keep_call_order():
     assert h2.wait() == ([], []) and h1.wait() == ([(1, 0, 5)], []) and h1.ready
 
 
+def test_waiting_on_a_later_plan_never_computes_it_before_an_earlier_one():
+    # The worker thread and a waiter both take plans off the queue; a later plan computed
+    # before an earlier one the worker had already taken would steal its work. The race
+    # is narrow, so many fresh planners are tried.
+    for _ in range(3000):
+        p = planner()
+        p.add_request(1, 5)
+        handles = [p.schedule_async(0) for _ in range(3)]
+        plans = [h.wait() for h in reversed(handles)][::-1]
+        assert plans == [([(1, 0, 5)], []), ([], []), ([], [])]
+
+
 def test_native_metadata_matches_the_python_reference():
     import numpy as np
     from sonarspec_ext.runtime.metadata import TreeBlock

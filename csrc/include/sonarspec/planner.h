@@ -84,8 +84,8 @@ class Planner {
   StepPlan schedule(int32_t lookahead);
   // The same on the planner's worker thread; steps planned this way run in call order.
   std::shared_ptr<PlanHandle> schedule_async(int32_t lookahead);
-  // Takes the oldest plan the worker has not started (null when none).
-  std::shared_ptr<PlanHandle> front_queued();
+  // Computes the oldest queued plan; false when none is queued.
+  bool run_next_queued();
 
   std::vector<int32_t> page_table(int64_t seq_id) const;
   int32_t num_computed(int64_t seq_id) const;
@@ -116,7 +116,10 @@ class Planner {
 
   PlannerConfig config_;
   mutable std::mutex mu_;  // guards all planner state below
-  // worker thread for schedule_async and its queue (guarded by task_mu_)
+  // worker thread for schedule_async and its queue (guarded by task_mu_); exec_mu_ is
+  // held from taking a plan off the queue until it is computed (lock order: exec_mu_,
+  // task_mu_, mu_)
+  std::mutex exec_mu_;
   std::mutex task_mu_;
   std::condition_variable task_cv_;
   std::deque<std::shared_ptr<PlanHandle>> tasks_;
