@@ -136,7 +136,7 @@ from sonarspec_ext.ops.quantized import QuantizedMatrix
 g = torch.Generator().manual_seed(11)
 out = {"kernel": _C.quant_kernel()}
 for fmt in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
-    for m, n, k in ((1, 37, 96), (5, 40, 64), (9, 23, 160), (4, 16, 32)):
+    for m, n, k in ((1, 37, 96), (1, 14, 32), (2, 27, 64), (5, 40, 64), (9, 23, 160), (4, 16, 32)):
         qm = QuantizedMatrix.quantize(torch.randn(n, k, generator=g), fmt)
         y = kernel_linear(torch.randn(m, k, generator=g) * 3, qm)
         out[f"{fmt} {m}x{n}x{k}"] = y.view(torch.int32).flatten().tolist()

@@ -30,85 +30,121 @@ QV_ATTR inline __m256i fifth(__m256i qh, int n) {
       _mm256_and_si256(_mm256_mullo_epi32(v, _mm256_set1_epi32(0x00204081)), _mm256_set1_epi32(0x01010101)), 4);
 }
 
-// Rows [r0, r0 + R) of x against weight rows 8h..8h+7 of one group (h = 0, 1); lanes < lanes
-// of the 8 are stored.
-template <int R, WeightFormat F>
-QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, int h, float* y, int64_t ldy,
-                       int lanes) {
+// Rows [r0, r0 + R) of x against the first 8 H weight rows of one 16-row group (H = 2: the
+// whole group in one pass, each activation broadcast shared by both halves and the weight
+// stream prefetched without the pause that a second pass over the group would leave);
+// half u's outputs go to y + 8 u, its first lanes[u] lanes.
+template <int R, int H, WeightFormat F>
+QV_ATTR void group_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, float* y, int64_t ldy,
+                        const int (&lanes)[H]) {
   constexpr int64_t bb = quant_block_bytes(F), qoff = quants_offset(F);
   constexpr int32_t off = quant_offset(F);
   const int64_t kb = x.kb;
   const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(-128);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[H][R];
+  for (int u = 0; u < H; ++u)
+    for (int r = 0; r < R; ++r) acc[u][r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < kb; ++b) {
     const uint8_t* blk = group + b * bb;
-    const uint8_t* qs = blk + qoff + 32 * h;
-    if (h == 0) prefetch_ahead(blk, bb);
+    prefetch_ahead(blk, bb);
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) xq[r] = x.q + (r0 + r) * x.k + b * 32;
-    __m256i isum[R];
+    __m256i isum[H][R];
+    for (int u = 0; u < H; ++u)
+      for (int r = 0; r < R; ++r) isum[u][r] = _mm256_setzero_si256();
     if (F == WeightFormat::kQ8_0) {
-      for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
       for (int c = 0; c < 8; ++c) {
-        const __m256i wq = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * c)), flip);
-        const __m256i wabs = _mm256_sign_epi8(wq, wq);
-        for (int r = 0; r < R; ++r) {
-          const __m256i pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bcast4(xq[r] + 4 * c), wq));
-          isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, ones));
-        }
-      }
-    } else {
-      __m256i pairs[R], qh = _mm256_setzero_si256();
-      for (int r = 0; r < R; ++r) pairs[r] = isum[r] = _mm256_setzero_si256();
-      if constexpr (has_fifth_bit(F)) {
-        const uint8_t* hp = blk + fifth_bits_offset(F) + 16 * h;
-        qh = _mm256_or_si256(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hp))),
-                             _mm256_slli_epi32(_mm256_cvtepu16_epi32(
-                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(hp + 32))), 16));
-      }
-      for (int c = 0; c < 4; ++c) {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * c));
-        __m256i lo = _mm256_and_si256(raw, low4);
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-        if constexpr (has_fifth_bit(F)) {
-          lo = _mm256_or_si256(lo, fifth(qh, 4 * c));
-          hi = _mm256_or_si256(hi, fifth(qh, 16 + 4 * c));
-        }
-        for (int r = 0; r < R; ++r) {
-          pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, bcast4(xq[r] + 4 * c)));
-          pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(hi, bcast4(xq[r] + 16 + 4 * c)));
-        }
-        if (has_fifth_bit(F) ? c % 2 == 1 : c == 3) {   // 5-bit pair sums reach 7874: fold every 2 chunks
+        for (int u = 0; u < H; ++u) {
+          const __m256i wq = _mm256_xor_si256(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qoff + 32 * u + 64 * c)), flip);
+          const __m256i wabs = _mm256_sign_epi8(wq, wq);
           for (int r = 0; r < R; ++r) {
-            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs[r], ones));
-            pairs[r] = _mm256_setzero_si256();
+            const __m256i pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bcast4(xq[r] + 4 * c), wq));
+            isum[u][r] = _mm256_add_epi32(isum[u][r], _mm256_madd_epi16(pairs, ones));
           }
         }
       }
-      for (int r = 0; r < R; ++r) {
-        if (off) isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(off * x.s[(r0 + r) * kb + b]));
+    } else {
+      __m256i pairs[H][R], qh[H];
+      for (int u = 0; u < H; ++u) {
+        for (int r = 0; r < R; ++r) pairs[u][r] = _mm256_setzero_si256();
+        qh[u] = _mm256_setzero_si256();
+        if constexpr (has_fifth_bit(F)) {
+          const uint8_t* hp = blk + fifth_bits_offset(F) + 16 * u;
+          qh[u] = _mm256_or_si256(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hp))),
+                                  _mm256_slli_epi32(_mm256_cvtepu16_epi32(
+                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(hp + 32))), 16));
+        }
+      }
+      for (int c = 0; c < 4; ++c) {
+        for (int u = 0; u < H; ++u) {
+          const __m256i raw =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qoff + 32 * u + 64 * c));
+          __m256i lo = _mm256_and_si256(raw, low4);
+          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+          if constexpr (has_fifth_bit(F)) {
+            lo = _mm256_or_si256(lo, fifth(qh[u], 4 * c));
+            hi = _mm256_or_si256(hi, fifth(qh[u], 16 + 4 * c));
+          }
+          for (int r = 0; r < R; ++r) {
+            pairs[u][r] = _mm256_add_epi16(pairs[u][r], _mm256_maddubs_epi16(lo, bcast4(xq[r] + 4 * c)));
+            pairs[u][r] = _mm256_add_epi16(pairs[u][r], _mm256_maddubs_epi16(hi, bcast4(xq[r] + 16 + 4 * c)));
+          }
+          if (has_fifth_bit(F) ? c % 2 == 1 : c == 3) {   // 5-bit pair sums reach 7874: fold every 2 chunks
+            for (int r = 0; r < R; ++r) {
+              isum[u][r] = _mm256_add_epi32(isum[u][r], _mm256_madd_epi16(pairs[u][r], ones));
+              pairs[u][r] = _mm256_setzero_si256();
+            }
+          }
+        }
+      }
+      if (off) {
+        for (int u = 0; u < H; ++u)
+          for (int r = 0; r < R; ++r)
+            isum[u][r] = _mm256_sub_epi32(isum[u][r], _mm256_set1_epi32(off * x.s[(r0 + r) * kb + b]));
       }
     }
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = (r0 + r) * kb + b;
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[i])), acc[r]);
-    }
-    if (has_min(F)) {
-      const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * h)));
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x.ds[(r0 + r) * kb + b]), acc[r]);
+    for (int u = 0; u < H; ++u) {
+      const __m256 dw =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * u)));
+      for (int r = 0; r < R; ++r) {
+        const int64_t i = (r0 + r) * kb + b;
+        acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[u][r]), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[i])),
+                                    acc[u][r]);
+      }
+      if (has_min(F)) {
+        const __m256 mw =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * u)));
+        for (int r = 0; r < R; ++r)
+          acc[u][r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x.ds[(r0 + r) * kb + b]), acc[u][r]);
+      }
     }
   }
-  avx2::store_rows(acc, y, r0, ldy, lanes);
+  for (int u = 0; u < H; ++u) avx2::store_rows(acc[u], y + 8 * u, r0, ldy, lanes[u]);
 }
 
+// Whole 16-row groups in one pass (the last group in halves when it has 8 columns or
+// fewer), in passes of up to 2 activation rows: 2 rows x 2 halves of accumulators and pair
+// sums fit the 16 registers, where 4 rows of one half spilled; more rows per pass would
+// share each weight unpacking further but the dot products, not the unpacking, bound the
+// time.
 template <WeightFormat F>
 void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n, float* y, int64_t n_begin, int64_t n_end) {
-  avx2::for_halves(m, w, x.kb * quant_block_bytes(F), y, n_begin, n_end,
-                   [&](auto rows, int64_t r0, const uint8_t* group, int h, float* out, int lanes) {
-                     half_rows<decltype(rows)::value, F>(x, r0, group, h, out, n, lanes);
-                   });
+  const int64_t group_bytes = x.kb * quant_block_bytes(F);
+  for (int64_t j = n_begin; j < n_end; j += 16) {
+    const uint8_t* group = w + (j / 16) * group_bytes;
+    const int64_t left = n_end - j;
+    for (int64_t r0 = 0; r0 < m; r0 += 2) {
+      const bool two = m - r0 >= 2;
+      if (left > 8) {
+        const int lanes[2] = {8, static_cast<int>(std::min<int64_t>(8, left - 8))};
+        two ? group_rows<2, 2, F>(x, r0, group, y + j, n, lanes) : group_rows<1, 2, F>(x, r0, group, y + j, n, lanes);
+      } else {
+        const int lanes[1] = {static_cast<int>(left)};
+        two ? group_rows<2, 1, F>(x, r0, group, y + j, n, lanes) : group_rows<1, 1, F>(x, r0, group, y + j, n, lanes);
+      }
+    }
+  }
 }
 
 // The quants of 8 floats: x * inv clamped to +-127, rounded to nearest even, NaN -> 0
