@@ -159,7 +159,7 @@ out["q8_0 extremes"] = y.view(torch.int32).flatten().tolist()
 # K-quants: every scale and quant byte value, 1 to 9 activation rows
 rng = np.random.default_rng(5)
 for fmt in ("q4_k", "q5_k", "q6_k"):
-    for m, n, k in ((1, 37, 256), (5, 40, 512), (9, 23, 768)):
+    for m, n, k in ((1, 37, 256), (1, 27, 512), (5, 40, 512), (9, 23, 768)):
         b = random_blocks(gguf.GGMLQuantizationType[fmt.upper()], n, k, rng, 1e-3)
         qm = QuantizedMatrix.from_blocks(b, fmt, k)
         y = kernel_linear(torch.randn(m, k, generator=g) * 3, qm)

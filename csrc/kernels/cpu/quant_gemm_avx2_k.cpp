@@ -43,100 +43,129 @@ QV_ATTR inline void fold(__m256i (&pairs)[R], __m256i (&isum)[R]) {
   }
 }
 
-// Rows [r0, r0 + R) of x against weight rows 8h..8h+7 of one group; lanes < lanes stored.
-template <int R, WeightFormat F>
-QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, int h, float* y, int64_t ldy,
-                       int lanes) {
+// Rows [r0, r0 + R) of x against weight rows 8h..8h+7 of one group for the H halves h =
+// h0 .. h0 + H - 1 (H = 2: the whole group in one pass, as in quant_gemm_avx2.cpp); half
+// h's outputs go to y + 8 (h - h0), its first lanes[h - h0] lanes.
+template <int R, int H, WeightFormat F>
+QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, int h0, float* y, int64_t ldy,
+                       const int (&lanes)[H]) {
   constexpr int64_t bb = quant_block_bytes(F);
   const __m256i low4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const bool prefetch = H == 2 || h0 == 0;
+  __m256 acc[H][R];
+  for (int u = 0; u < H; ++u)
+    for (int r = 0; r < R; ++r) acc[u][r] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < x.k / 256; ++sb) {
     const uint8_t* blk = group + sb * bb;
-    const __m256 d = halves8(blk + 16 * h);
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) xq[r] = x.q + (r0 + r) * x.k + sb * 256;
     if constexpr (F == WeightFormat::kQ6_K) {
       for (int sub = 0; sub < 16; ++sub) {
-        if (h == 0 && sub % 4 == 0) prefetch_span(blk + (sub / 4) * (bb / 4), bb / 4);
-        const __m256i run = rows16(blk + kQ6kScales + 32 * (sub / 2) + 16 * h);
-        const __m256i sc = _mm256_srai_epi32(sub % 2 ? _mm256_slli_epi32(run, 16) : _mm256_slli_epi32(run, 24), 24);
-        const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+        if (prefetch && sub % 4 == 0) prefetch_span(blk + (sub / 4) * (bb / 4), bb / 4);
         const int half = sub / 8, q0 = 16 * (sub % 8);
         const __m128i lo_shift = _mm_cvtsi32_si128(4 * (q0 / 64)), hi_shift = _mm_cvtsi32_si128(2 * (q0 / 32));
-        __m256i pairs[R], isum[R];
-        for (int r = 0; r < R; ++r) {
-          pairs[r] = _mm256_setzero_si256();
-          isum[r] = _mm256_set1_epi32(-32 * x.s16[2 * ((r0 + r) * x.kb + sb * 8) + sub]);
-        }
-        for (int u = 0; u < 4; ++u) {
-          const __m256i ql = load32(blk + kQ6kLow + 64 * (16 * half + (q0 % 64) / 4 + u) + 32 * h);
-          const __m256i qh = load32(blk + kQ6kHigh + 64 * (8 * half + (q0 % 32) / 4 + u) + 32 * h);
-          const __m256i q = _mm256_or_si256(
-              _mm256_and_si256(_mm256_srl_epi16(ql, lo_shift), low4),
-              _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, hi_shift), three), 4));
-          for (int r = 0; r < R; ++r)
-            pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(q, bcast4(xq[r] + 16 * sub + 4 * u)));
-          if (u % 2) fold(pairs, isum);
-        }
-        for (int r = 0; r < R; ++r) {
-          const float dx = x.d[(r0 + r) * x.kb + sb * 8 + sub / 2];
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(scale, _mm256_set1_ps(dx)), acc[r]);
+        for (int u = 0; u < H; ++u) {
+          const int h = h0 + u;
+          const __m256i run = rows16(blk + kQ6kScales + 32 * (sub / 2) + 16 * h);
+          const __m256i sc =
+              _mm256_srai_epi32(sub % 2 ? _mm256_slli_epi32(run, 16) : _mm256_slli_epi32(run, 24), 24);
+          const __m256 scale = _mm256_mul_ps(halves8(blk + 16 * h), _mm256_cvtepi32_ps(sc));
+          __m256i pairs[R], isum[R];
+          for (int r = 0; r < R; ++r) {
+            pairs[r] = _mm256_setzero_si256();
+            isum[r] = _mm256_set1_epi32(-32 * x.s16[2 * ((r0 + r) * x.kb + sb * 8) + sub]);
+          }
+          for (int c = 0; c < 4; ++c) {
+            const __m256i ql = load32(blk + kQ6kLow + 64 * (16 * half + (q0 % 64) / 4 + c) + 32 * h);
+            const __m256i qh = load32(blk + kQ6kHigh + 64 * (8 * half + (q0 % 32) / 4 + c) + 32 * h);
+            const __m256i q = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srl_epi16(ql, lo_shift), low4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, hi_shift), three), 4));
+            for (int r = 0; r < R; ++r)
+              pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(q, bcast4(xq[r] + 16 * sub + 4 * c)));
+            if (c % 2) fold(pairs, isum);
+          }
+          for (int r = 0; r < R; ++r) {
+            const float dx = x.d[(r0 + r) * x.kb + sb * 8 + sub / 2];
+            acc[u][r] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(scale, _mm256_set1_ps(dx)), acc[u][r]);
+          }
         }
       }
     } else {   // Q4_K, Q5_K
-      const __m256 dmin = halves8(blk + 32 + 16 * h);
       for (int g = 0; g < 4; ++g) {
-        if (h == 0) prefetch_span(blk + g * (bb / 4), bb / 4);
+        if (prefetch) prefetch_span(blk + g * (bb / 4), bb / 4);
         const __m128i lo_bit = _mm_cvtsi32_si128(2 * g), hi_bit = _mm_cvtsi32_si128(2 * g + 1);
-        __m256i lo_pairs[R], hi_pairs[R], lo_sum[R], hi_sum[R];
-        for (int r = 0; r < R; ++r) lo_pairs[r] = hi_pairs[r] = lo_sum[r] = hi_sum[r] = _mm256_setzero_si256();
+        __m256i lo_pairs[H][R], hi_pairs[H][R], lo_sum[H][R], hi_sum[H][R];
+        for (int u = 0; u < H; ++u)
+          for (int r = 0; r < R; ++r)
+            lo_pairs[u][r] = hi_pairs[u][r] = lo_sum[u][r] = hi_sum[u][r] = _mm256_setzero_si256();
         for (int c = 0; c < 8; ++c) {
-          const __m256i raw = load32(blk + kQ4kQuants + 64 * (8 * g + c) + 32 * h);
-          __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-          if constexpr (F == WeightFormat::kQ5_K) {
-            const __m256i qh = load32(blk + kQ5kHigh + 64 * c + 32 * h);
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, lo_bit), one), 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, hi_bit), one), 4));
-          }
-          for (int r = 0; r < R; ++r) {
-            const int8_t* xg = xq[r] + 64 * g + 4 * c;
-            lo_pairs[r] = _mm256_add_epi16(lo_pairs[r], _mm256_maddubs_epi16(lo, bcast4(xg)));
-            hi_pairs[r] = _mm256_add_epi16(hi_pairs[r], _mm256_maddubs_epi16(hi, bcast4(xg + 32)));
-          }
-          if (F == WeightFormat::kQ4_K ? c == 7 : c % 4 == 3) {
-            fold(lo_pairs, lo_sum);
-            fold(hi_pairs, hi_sum);
+          for (int u = 0; u < H; ++u) {
+            const int h = h0 + u;
+            const __m256i raw = load32(blk + kQ4kQuants + 64 * (8 * g + c) + 32 * h);
+            __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+            if constexpr (F == WeightFormat::kQ5_K) {
+              const __m256i qh = load32(blk + kQ5kHigh + 64 * c + 32 * h);
+              lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, lo_bit), one), 4));
+              hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, hi_bit), one), 4));
+            }
+            for (int r = 0; r < R; ++r) {
+              const int8_t* xg = xq[r] + 64 * g + 4 * c;
+              lo_pairs[u][r] = _mm256_add_epi16(lo_pairs[u][r], _mm256_maddubs_epi16(lo, bcast4(xg)));
+              hi_pairs[u][r] = _mm256_add_epi16(hi_pairs[u][r], _mm256_maddubs_epi16(hi, bcast4(xg + 32)));
+            }
+            if (F == WeightFormat::kQ4_K ? c == 7 : c % 4 == 3) {
+              fold(lo_pairs[u], lo_sum[u]);
+              fold(hi_pairs[u], hi_sum[u]);
+            }
           }
         }
-        for (int part = 0; part < 2; ++part) {
-          const int j = 2 * g + part;   // q4k_scale_min, 8 rows at once
-          const __m256i sc = j < 4 ? _mm256_and_si256(scale_byte(blk, h, j), _mm256_set1_epi32(63))
-              : _mm256_or_si256(_mm256_and_si256(scale_byte(blk, h, j + 4), _mm256_set1_epi32(0x0f)),
-                                _mm256_slli_epi32(_mm256_srli_epi32(scale_byte(blk, h, j - 4), 6), 4));
-          const __m256i mn = j < 4 ? _mm256_and_si256(scale_byte(blk, h, j + 4), _mm256_set1_epi32(63))
-              : _mm256_or_si256(_mm256_srli_epi32(scale_byte(blk, h, j + 4), 4),
-                                _mm256_slli_epi32(_mm256_srli_epi32(scale_byte(blk, h, j), 6), 4));
-          const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
-          const __m256 mins = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn));
-          for (int r = 0; r < R; ++r) {
-            const int64_t b = (r0 + r) * x.kb + sb * 8 + j;
-            const __m256i isum = part ? hi_sum[r] : lo_sum[r];
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, _mm256_set1_ps(x.d[b])), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(mins, _mm256_set1_ps(x.ds[b]), acc[r]);
+        for (int u = 0; u < H; ++u) {
+          const int h = h0 + u;
+          const __m256 d = halves8(blk + 16 * h), dmin = halves8(blk + 32 + 16 * h);
+          for (int part = 0; part < 2; ++part) {
+            const int j = 2 * g + part;   // q4k_scale_min, 8 rows at once
+            const __m256i sc = j < 4 ? _mm256_and_si256(scale_byte(blk, h, j), _mm256_set1_epi32(63))
+                : _mm256_or_si256(_mm256_and_si256(scale_byte(blk, h, j + 4), _mm256_set1_epi32(0x0f)),
+                                  _mm256_slli_epi32(_mm256_srli_epi32(scale_byte(blk, h, j - 4), 6), 4));
+            const __m256i mn = j < 4 ? _mm256_and_si256(scale_byte(blk, h, j + 4), _mm256_set1_epi32(63))
+                : _mm256_or_si256(_mm256_srli_epi32(scale_byte(blk, h, j + 4), 4),
+                                  _mm256_slli_epi32(_mm256_srli_epi32(scale_byte(blk, h, j), 6), 4));
+            const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+            const __m256 mins = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn));
+            for (int r = 0; r < R; ++r) {
+              const int64_t b = (r0 + r) * x.kb + sb * 8 + j;
+              const __m256i isum = part ? hi_sum[u][r] : lo_sum[u][r];
+              acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, _mm256_set1_ps(x.d[b])),
+                                          acc[u][r]);
+              acc[u][r] = _mm256_fnmadd_ps(mins, _mm256_set1_ps(x.ds[b]), acc[u][r]);
+            }
           }
         }
       }
     }
   }
-  avx2::store_rows(acc, y, r0, ldy, lanes);
+  for (int u = 0; u < H; ++u) avx2::store_rows(acc[u], y + 8 * u, r0, ldy, lanes[u]);
 }
 
+// One activation row (decoding) takes whole 16-row groups per pass (the last group in
+// halves when it has 8 columns or fewer); more rows pass over each half, up to
+// avx2::kRowsPerPass at a time (two halves' sums for more than one row would not fit the
+// registers).
 template <WeightFormat F>
 void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n, float* y, int64_t n_begin, int64_t n_end) {
-  avx2::for_halves(m, w, x.k / 256 * quant_block_bytes(F), y, n_begin, n_end,
+  const int64_t group_bytes = x.k / 256 * quant_block_bytes(F);
+  if (m == 1) {
+    for (; n_begin + 8 < n_end; n_begin += 16) {
+      const int lanes[2] = {8, static_cast<int>(std::min<int64_t>(8, n_end - n_begin - 8))};
+      half_rows<1, 2, F>(x, 0, w + (n_begin / 16) * group_bytes, 0, y + n_begin, n, lanes);
+    }
+  }
+  avx2::for_halves(m, w, group_bytes, y, n_begin, n_end,
                    [&](auto rows, int64_t r0, const uint8_t* group, int h, float* out, int lanes) {
-                     half_rows<decltype(rows)::value, F>(x, r0, group, h, out, n, lanes);
+                     const int one_half[1] = {lanes};
+                     half_rows<decltype(rows)::value, 1, F>(x, r0, group, h, out, n, one_half);
                    });
 }
 
