@@ -141,11 +141,13 @@ for fmt in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
         y = kernel_linear(torch.randn(m, k, generator=g) * 3, qm)
         out[f"{fmt} {m}x{n}x{k}"] = y.view(torch.int32).flatten().tolist()
 # activations whose quants are ties (blocks scaled to 127: x * inv = k + 0.5, rounded to even)
-# and of extreme magnitudes: every kernel's quantizer follows the portable rule
+# and of extreme magnitudes (below ~4e-37 a block's 1 / d overflows to infinity): every
+# kernel's quantizer follows the portable rule
 ties = torch.randint(-127, 127, (7, 96), generator=g).float() + 0.5
 ties[:, ::32] = 127.0
 for name, x in (("ties", ties), ("huge", torch.randn(3, 96, generator=g) * 1e30),
-                ("tiny", torch.randn(3, 96, generator=g) * 1e-30)):
+                ("tiny", torch.randn(3, 96, generator=g) * 1e-30),
+                ("infinite 1/d", torch.randn(3, 96, generator=g) * 1e-38)):
     qm = QuantizedMatrix.quantize(torch.randn(21, 96, generator=g), "q4_1")
     out[f"quantizer {name}"] = kernel_linear(x, qm).view(torch.int32).flatten().tolist()
 # Q8_0 quants at both extremes (-128 and 127) against activations that round to +-127

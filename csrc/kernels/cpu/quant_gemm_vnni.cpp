@@ -203,11 +203,14 @@ QG_ATTR void q6k_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, 
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy, mask, acc[r]);
 }
 
-// The quants of 16 floats: x * inv rounded to nearest even, NaN -> 0, clamped to +-127.
+// The quants of 16 floats: x * inv clamped to +-127, rounded to nearest even, NaN -> 0
+// (quantize_blocks_scalar's rule; clamped before the conversion, which would turn an
+// infinite x * inv - a block of magnitudes below ~4e-37, whose 1 / d overflows - into
+// INT_MIN).
 QG_ATTR inline __m512i quants16(const float* x, __m512 inv) {
   const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x), inv);
-  const __m512i q = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
-  return _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+  const __m512 clamped = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-127.f)), _mm512_set1_ps(127.f));
+  return _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), clamped);
 }
 
 template <WeightFormat F>
