@@ -57,6 +57,8 @@ QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group,
     for (int r = 0; r < R; ++r) acc[u][r] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < x.k / 256; ++sb) {
     const uint8_t* blk = group + sb * bb;
+    __m256 d[H];   // each half's super-block scales
+    for (int u = 0; u < H; ++u) d[u] = halves8(blk + 16 * (h0 + u));
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) xq[r] = x.q + (r0 + r) * x.k + sb * 256;
     if constexpr (F == WeightFormat::kQ6_K) {
@@ -69,7 +71,7 @@ QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group,
           const __m256i run = rows16(blk + kQ6kScales + 32 * (sub / 2) + 16 * h);
           const __m256i sc =
               _mm256_srai_epi32(sub % 2 ? _mm256_slli_epi32(run, 16) : _mm256_slli_epi32(run, 24), 24);
-          const __m256 scale = _mm256_mul_ps(halves8(blk + 16 * h), _mm256_cvtepi32_ps(sc));
+          const __m256 scale = _mm256_mul_ps(d[u], _mm256_cvtepi32_ps(sc));
           __m256i pairs[R], isum[R];
           for (int r = 0; r < R; ++r) {
             pairs[r] = _mm256_setzero_si256();
@@ -93,6 +95,8 @@ QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group,
         }
       }
     } else {   // Q4_K, Q5_K
+      __m256 dmin[H];
+      for (int u = 0; u < H; ++u) dmin[u] = halves8(blk + 32 + 16 * (h0 + u));
       for (int g = 0; g < 4; ++g) {
         if (prefetch) prefetch_span(blk + g * (bb / 4), bb / 4);
         const __m128i lo_bit = _mm_cvtsi32_si128(2 * g), hi_bit = _mm_cvtsi32_si128(2 * g + 1);
@@ -123,7 +127,6 @@ QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group,
         }
         for (int u = 0; u < H; ++u) {
           const int h = h0 + u;
-          const __m256 d = halves8(blk + 16 * h), dmin = halves8(blk + 32 + 16 * h);
           for (int part = 0; part < 2; ++part) {
             const int j = 2 * g + part;   // q4k_scale_min, 8 rows at once
             const __m256i sc = j < 4 ? _mm256_and_si256(scale_byte(blk, h, j), _mm256_set1_epi32(63))
@@ -132,8 +135,8 @@ QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group,
             const __m256i mn = j < 4 ? _mm256_and_si256(scale_byte(blk, h, j + 4), _mm256_set1_epi32(63))
                 : _mm256_or_si256(_mm256_srli_epi32(scale_byte(blk, h, j + 4), 4),
                                   _mm256_slli_epi32(_mm256_srli_epi32(scale_byte(blk, h, j), 6), 4));
-            const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
-            const __m256 mins = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn));
+            const __m256 scale = _mm256_mul_ps(d[u], _mm256_cvtepi32_ps(sc));
+            const __m256 mins = _mm256_mul_ps(dmin[u], _mm256_cvtepi32_ps(mn));
             for (int r = 0; r < R; ++r) {
               const int64_t b = (r0 + r) * x.kb + sb * 8 + j;
               const __m256i isum = part ? hi_sum[u][r] : lo_sum[u][r];
