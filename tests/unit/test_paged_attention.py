@@ -167,7 +167,7 @@ def test_a_token_reads_the_same_bits_alone_or_in_a_block(H, Hkv, prefix, block, 
 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tree", [False, True])
-@pytest.mark.parametrize("D", [64, 96])
+@pytest.mark.parametrize("D", [40, 64, 80, 96])
 def test_16_bit_pools_read_as_their_float32_widening(kv_dtype, tree, D):
     """bfloat16 / float16 pools: the same bits as float32 attention over the pools widened
     exactly (queries, blocks, splits and tree ancestors alike)."""

@@ -11,8 +11,9 @@ namespace sonarspec {
 constexpr int kChunk = 16;
 constexpr int kMaxGroup = 16;  // query rows of one task
 
-// The rows of the next chunk of keys, fetched while a chunk is computed so that memory
-// reads overlap the arithmetic: this KV head's slice (`bytes`) of each key and value row.
+// The rows of the next chunk of keys, for updates that prefetch them while a chunk is
+// computed (the AVX-512 and portable ones): this KV head's slice (`bytes`) of each key and
+// value row.
 struct ChunkAhead {
   const char* k[kChunk];
   const char* v[kChunk];
@@ -28,19 +29,23 @@ using ChunkUpdate = void (*)(const float* const* qs, const float* k_pool, const 
                              float* l, float* const* o, const ChunkAhead& ahead);
 
 // The chunk update for this CPU and head_dim: attention_chunk_avx512.cpp's where the CPU
-// has AVX-512 and head_dim is a multiple of 16, else AVX2, else portable.
+// has AVX-512 and head_dim is a multiple of 32, else attention_chunk_avx2.cpp's where it
+// has AVX2 and head_dim is a multiple of 16, else portable (attention_chunk.cpp).
 ChunkUpdate chunk_update_for_cpu(int64_t head_dim);
 
-// attention_chunk_avx512.cpp's update, or null where the CPU or head_dim does not suit it.
-ChunkUpdate chunk_update_avx512(int64_t head_dim);
-
 // The same reading bfloat16 pools directly (widened exactly, then the same arithmetic as
-// the float32 update), where chunk_update_avx512 applies; else null (the caller widens
-// chunks first).
+// the float32 update of the same file), from the AVX-512 or AVX2 file as above; null where
+// neither suits (the caller widens chunks first).
 using ChunkUpdateBF16 = void (*)(const float* const* qs, const uint16_t* k_pool, const uint16_t* v_pool,
                                  const int64_t* slots, int n, int64_t row, int64_t kv_off, int64_t head_dim, int group,
                                  float scale, float* m, float* l, float* const* o, const ChunkAhead& ahead);
 ChunkUpdateBF16 chunk_update_bf16_for_cpu(int64_t head_dim);
+
+// Each file's updates, or null where the CPU or head_dim does not suit it.
+ChunkUpdate chunk_update_avx512(int64_t head_dim);
+ChunkUpdateBF16 chunk_update_bf16_avx512(int64_t head_dim);
+ChunkUpdate chunk_update_avx2(int64_t head_dim);
+ChunkUpdateBF16 chunk_update_bf16_avx2(int64_t head_dim);
 
 // Fetches the cache lines of `bytes` bytes at `p`.
 inline void prefetch_lines(const char* p, int64_t bytes) {

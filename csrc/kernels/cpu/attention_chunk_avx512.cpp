@@ -199,14 +199,14 @@ bool suits(int64_t head_dim) { return has_avx512() && head_dim % 32 == 0 && head
 
 ChunkUpdate chunk_update_avx512(int64_t head_dim) { return suits(head_dim) ? update_chunk<float> : nullptr; }
 
-ChunkUpdateBF16 chunk_update_bf16_for_cpu(int64_t head_dim) {
+ChunkUpdateBF16 chunk_update_bf16_avx512(int64_t head_dim) {
   return suits(head_dim) ? update_chunk<uint16_t> : nullptr;
 }
 
 #else
 
 ChunkUpdate chunk_update_avx512(int64_t) { return nullptr; }
-ChunkUpdateBF16 chunk_update_bf16_for_cpu(int64_t) { return nullptr; }
+ChunkUpdateBF16 chunk_update_bf16_avx512(int64_t) { return nullptr; }
 
 #endif
 

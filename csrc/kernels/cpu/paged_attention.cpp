@@ -121,7 +121,7 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
   static constexpr int64_t kIdentity[kChunk] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   // One chunk of keys (slots[0..n)) for heads [kvh0, kvh0 + nh) of an item: rows r0 .. r0 +
   // rows of each head (head h's at h * kMaxGroup), while the rows of the next chunk
-  // (ahead[0..na)) are fetched. Float32 and (with AVX-512) bfloat16 pools are read in place;
+  // (ahead[0..na)) are fetched. Float32 and (with AVX2 or AVX-512) bfloat16 pools are read in place;
   // others have the heads' slices of the chunk's slot rows widened first.
   auto chunk = [&](const int64_t* slots, int n, const int64_t* ahead, int na, int64_t kvh0, int64_t nh,
                    int64_t r0, int rows, const float* const* qs, float* m, float* l, float* const* o) {
