@@ -4,8 +4,8 @@
 // value vector loaded (and widened): scores four keys at a time, one accumulator per (row,
 // key) over head_dim, folded by a fixed tree of horizontal adds; the online softmax on the
 // chunk's 16 scores as two vectors; values with the rows' outputs in registers over the
-// chunk, 32 (or 16) columns at a time. No software prefetch (measured slower on Zen 3,
-// whose hardware prefetchers follow the pages). A row's arithmetic depends only on its
+// chunk, 32 (or 16) columns at a time. It prefetches nothing: its caller fetches the next
+// chunk's whole rows (attention_chunk.h). A row's arithmetic depends only on its
 // query and its keys, so results do not depend on which rows share a call.
 #include <algorithm>
 #include <cmath>

@@ -118,11 +118,13 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
   std::vector<float> sums(static_cast<size_t>(num_tokens * num_heads), 0.f);   // softmax sums, one split
   const ChunkUpdate chunk_update = chunk_update_for_cpu(head_dim);
   const ChunkUpdateBF16 bf16_update = kv_dtype == DType::kBFloat16 ? chunk_update_bf16_for_cpu(head_dim) : nullptr;
+  const bool update_prefetches = chunk_update_prefetches(head_dim);
   static constexpr int64_t kIdentity[kChunk] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   // One chunk of keys (slots[0..n)) for heads [kvh0, kvh0 + nh) of an item: rows r0 .. r0 +
   // rows of each head (head h's at h * kMaxGroup), while the rows of the next chunk
-  // (ahead[0..na)) are fetched. Float32 and (with AVX2 or AVX-512) bfloat16 pools are read in place;
-  // others have the heads' slices of the chunk's slot rows widened first.
+  // (ahead[0..na)) are fetched: by the update, a head's slice at a time, or where it does not
+  // prefetch, here, whole rows. Float32 and (with AVX2 or AVX-512) bfloat16 pools are read
+  // in place; others have the heads' slices of the chunk's slot rows widened first.
   auto chunk = [&](const int64_t* slots, int n, const int64_t* ahead, int na, int64_t kvh0, int64_t nh,
                    int64_t r0, int rows, const float* const* qs, float* m, float* l, float* const* o) {
     thread_local std::vector<float> kv;
@@ -139,6 +141,12 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
       stride = nh * head_dim;
       off = 0;
     }
+    if (!update_prefetches)   // the next chunk's whole slot rows, in address order
+      for (int i = 0; i < na; ++i) {
+        const int64_t byte = (ahead[i] * row + kvh0 * head_dim) * elem;
+        prefetch_lines(static_cast<const char*>(k_pool) + byte, nh * head_dim * elem);
+        prefetch_lines(static_cast<const char*>(v_pool) + byte, nh * head_dim * elem);
+      }
     for (int64_t h = 0; h < nh; ++h) {
       ChunkAhead next;
       next.n = na;
