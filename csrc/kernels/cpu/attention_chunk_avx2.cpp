@@ -22,13 +22,6 @@ namespace {
 
 constexpr int kPass = 3;   // query rows per pass: 12 accumulators, 3 broadcasts and a value vector
 
-// Eight values of a pool row as float32: a load, or eight bfloat16 widened exactly.
-AVX2_ATTR inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-AVX2_ATTR inline __m256 load8(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 // The sums of the lanes of a[0..4) in lanes 0..3: pairs of lanes, then pairs of pairs
 // (horizontal adds), then the two 128-bit halves.
 AVX2_ATTR inline __m128 sum_lanes4(const __m256 (&a)[4]) {

@@ -26,13 +26,6 @@ inline float to_float(uint16_t bits) { return bf16_to_float(bits); }
 
 #if defined(__x86_64__)
 
-// Eight weights as floats: float32 as is, bfloat16 (uint16_t bits) widened exactly.
-__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-__attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
-  __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-
 #define SG_NS avx2
 #define SG_ATTR __attribute__((target("avx2,fma")))
 #define SG_WIDE 0

@@ -48,6 +48,13 @@ inline bool cpu_has_avx2() {
   return yes;
 }
 
+// Eight values as float32: a load, or eight bfloat16 (raw bits) widened exactly.
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 // The sum of v's 8 lanes in one fixed order: the two halves, then pairs, then the last two.
 __attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

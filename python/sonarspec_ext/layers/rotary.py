@@ -2,6 +2,7 @@
 (applied by ``ops.elementwise.apply_rope``)."""
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional
 
@@ -37,10 +38,14 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: Optional[dict] = None):
         super().__init__()
-        inv_freq = rope_inv_freq(head_dim, theta, scaling)
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        # A model built on the meta device to be loaded gets real tables, computed on the CPU
+        # (its loader moves the model where it runs; arithmetic on meta would only import
+        # torch._dynamo, over a second).
+        with torch.device("cpu") if torch.empty(0).is_meta else contextlib.nullcontext():
+            inv_freq = rope_inv_freq(head_dim, theta, scaling)
+            freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+            self.register_buffer("cos", freqs.cos(), persistent=False)
+            self.register_buffer("sin", freqs.sin(), persistent=False)
         self.max_positions = max_positions
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):

@@ -1,4 +1,5 @@
-"""GGUF checkpoints (llama.cpp's format), read with the ``gguf`` package.
+"""GGUF checkpoints (llama.cpp's format): the container read by ``gguf_reader``, the
+tensors decoded with the ``gguf`` package.
 
 The model's configuration comes from the file's metadata (``{arch}.block_count``, ...),
 its tensors are mapped from llama.cpp names (``blk.N.attn_q``) to the Hugging Face
@@ -17,6 +18,7 @@ import torch
 
 from ..ops.quantized import QuantizedMatrix, format_of_gguf_type, runs_fast
 from .config import CheckpointError, ModelConfig
+from .gguf_reader import GGUFFile
 
 # GGUF ``general.architecture`` -> (HF architecture, Q/K rows permuted by the converter)
 ARCHITECTURES = {
@@ -57,8 +59,8 @@ def gguf_file(path: str) -> Optional[str]:
 
 
 def open_gguf(path: str) -> "GGUFCheckpoint":
-    """The file opened once per (path, size, mtime): parsing a 49K-token vocabulary's
-    metadata takes seconds, and the model and its tokenizer read the same file."""
+    """The file opened once per (path, size, mtime): the model and its tokenizer read the
+    same file."""
     st = os.stat(path)
     return _open_cached(os.path.realpath(path), st.st_size, st.st_mtime_ns)
 
@@ -72,18 +74,13 @@ class GGUFCheckpoint:
     """One opened GGUF file: metadata fields, config, tensors."""
 
     def __init__(self, path: str):
-        import gguf
         self.path = path
         try:
-            self.reader = gguf.GGUFReader(path, "r")
-        except (ValueError, IndexError, KeyError, OSError) as e:
+            self.reader = GGUFFile(path)
+        except (ValueError, OSError) as e:
             raise CheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); "
                                   f"truncated or corrupt?") from None
         self.tensors = {t.name: t for t in self.reader.tensors}
-        for t in self.reader.tensors:
-            if t.data.nbytes != int(t.n_bytes):
-                raise CheckpointError(f"{path}: tensor {t.name!r} needs {int(t.n_bytes)} bytes but the file "
-                                      f"holds {t.data.nbytes}: the file is truncated")
         self.arch = self.field("general.architecture")
 
     def _check_architecture(self) -> None:
@@ -92,10 +89,7 @@ class GGUFCheckpoint:
                                   f"supported: {', '.join(ARCHITECTURES)}")
 
     def field(self, key: str, default=None):
-        f = self.reader.fields.get(key)
-        if f is None:
-            return default
-        return f.contents()
+        return self.reader.fields.get(key, default)
 
     def _arch_field(self, key: str, default=None, required: bool = False):
         value = self.field(f"{self.arch}.{key}", default)

@@ -134,10 +134,18 @@ def vocab_logits(row_logits: torch.Tensor, row_ids: Optional[torch.Tensor], voca
     return out
 
 
+def _embedding(num: int, dim: int) -> nn.Embedding:
+    """An embedding table; on the meta device (a model about to be loaded) without the random
+    initialisation, whose meta ``normal_`` imports ``torch._dynamo`` (over a second)."""
+    if torch.empty(0).is_meta:
+        return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+    return nn.Embedding(num, dim)
+
+
 class LlamaBackbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = _embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -10,7 +10,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from ..layers.rotary import RotaryEmbedding
 from .config import CheckpointError, ModelConfig
 from ..ops.quantized import QuantizedMatrix, runs_fast
 from ..params import QUANTIZATION_CHOICES
@@ -212,8 +211,6 @@ def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool =
         model.lm_head.weight = model.model.embed_tokens.weight
     for name, w in quantized.items():
         setattr(model.get_submodule(name.rsplit(".", 1)[0]), "weight", w)
-    # Buffers (RoPE tables) were created on meta: rebuild them on the target device.
-    model.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
     model = model.to(device).eval().requires_grad_(False)
     model.fuse_projections()
     return model

@@ -115,8 +115,6 @@ def read_mtp_head(path: str, target_cfg: ModelConfig, dtype="float32", compact_w
         n = int(_read_config(path).get("draft_vocab_size", -1))
         vocab = load_state(path, {DRAFT_VOCAB: torch.Size([n])}, torch.int64)[DRAFT_VOCAB]
         head.set_draft_vocab(vocab)
-    head.rotary = head.rotary.__class__(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                                        cfg.rope_scaling)
     return head
 
 
