@@ -334,3 +334,30 @@ def test_container_reads_the_smollm2_file_as_gguf_reader_does():
     ours, theirs = _our_state(path), _reader_state(path)
     assert len(ours[0]["tokenizer.ggml.tokens"]) == 49152
     assert ours == theirs
+
+
+def test_corrupt_container_fields_give_clear_errors(tiny_dir, tmp_path):
+    """A value type or tensor type no GGUF version defines, and a file cut inside its
+    vocabulary: a CheckpointError naming what is wrong (checked on the file's own bytes)."""
+    good = write_gguf(tiny_dir, str(tmp_path / "good.gguf"))
+    data = bytearray(open(good, "rb").read())
+    from sonarspec_ext.models.gguf_reader import GGUFFile
+    f = GGUFFile(good)
+    key = b"general.architecture"
+    at = data.index(key) + len(key)   # the value type follows the key
+    bad_value = bytearray(data)
+    bad_value[at:at + 4] = (99).to_bytes(4, "little")
+    t = f.tensors[0]
+    name = t.name.encode()
+    at = data.index(name) + len(name) + 4 + 8 * len(t.shape)   # name, n_dims, dims, then the type
+    bad_tensor = bytearray(data)
+    bad_tensor[at:at + 4] = (999).to_bytes(4, "little")
+    cut = data[:data.index(b"tokenizer.ggml.tokens") + 64]
+    for label, content, message in [("value", bad_value, "unknown GGUF value type 99"),
+                                    ("tensor", bad_tensor, f"tensor '{t.name}' has unknown type 999"),
+                                    ("cut", cut, "truncated")]:
+        path = str(tmp_path / f"{label}.gguf")
+        with open(path, "wb") as fh:
+            fh.write(content)
+        with pytest.raises(CheckpointError, match=message):
+            load_model(path)
