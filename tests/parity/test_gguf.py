@@ -337,8 +337,8 @@ def test_container_reads_the_smollm2_file_as_gguf_reader_does():
 
 
 def test_corrupt_container_fields_give_clear_errors(tiny_dir, tmp_path):
-    """A value type or tensor type no GGUF version defines, and a file cut inside its
-    vocabulary: a CheckpointError naming what is wrong (checked on the file's own bytes)."""
+    """A value type or tensor type no GGUF version defines, a file cut inside its
+    vocabulary, arrays nested thousands deep: a CheckpointError naming what is wrong."""
     good = write_gguf(tiny_dir, str(tmp_path / "good.gguf"))
     data = bytearray(open(good, "rb").read())
     from sonarspec_ext.models.gguf_reader import GGUFFile
@@ -353,9 +353,13 @@ def test_corrupt_container_fields_give_clear_errors(tiny_dir, tmp_path):
     bad_tensor = bytearray(data)
     bad_tensor[at:at + 4] = (999).to_bytes(4, "little")
     cut = data[:data.index(b"tokenizer.ggml.tokens") + 64]
+    nested = bytearray(data[:24])   # the header, then one field: arrays of arrays 5000 deep
+    nested[16:24] = (1).to_bytes(8, "little")
+    nested += (3).to_bytes(8, "little") + b"x.y" + (9).to_bytes(4, "little")
+    nested += ((9).to_bytes(4, "little") + (1).to_bytes(8, "little")) * 5000
     for label, content, message in [("value", bad_value, "unknown GGUF value type 99"),
                                     ("tensor", bad_tensor, f"tensor '{t.name}' has unknown type 999"),
-                                    ("cut", cut, "truncated")]:
+                                    ("cut", cut, "truncated"), ("nested", nested, "nested more than 8 deep")]:
         path = str(tmp_path / f"{label}.gguf")
         with open(path, "wb") as fh:
             fh.write(content)

@@ -11,6 +11,7 @@ end) is a ``ValueError`` that says what is wrong.
 """
 from __future__ import annotations
 
+import math
 import struct
 from typing import Dict, List, NamedTuple, Tuple
 
@@ -19,6 +20,7 @@ import numpy as np
 # GGUF value types -> struct format (8: string, 9: array)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+_MAX_NESTING = 8   # arrays of arrays: deeper is a corrupt file, not a recursion error
 
 
 class GGUFTensor(NamedTuple):
@@ -98,7 +100,7 @@ class GGUFFile:
         self._pos = pos
         return out
 
-    def _value(self, vtype: int):
+    def _value(self, vtype: int, depth: int = 0):
         if vtype in _SCALARS:
             return self._take(_SCALARS[vtype])[0]
         if vtype == _STRING:
@@ -115,7 +117,9 @@ class GGUFFile:
                 return values
             if etype == _STRING:
                 return self._strings(n)
-            return [self._value(etype) for _ in range(n)]
+            if depth >= _MAX_NESTING:
+                raise ValueError(f"arrays nested more than {_MAX_NESTING} deep at byte {self._pos} (corrupt?)")
+            return [self._value(etype, depth + 1) for _ in range(n)]
         raise ValueError(f"unknown GGUF value type {vtype} at byte {self._pos - 4}")
 
     # -- tensors -------------------------------------------------------------------------
@@ -135,7 +139,7 @@ class GGUFFile:
             block, type_bytes = gguf.GGML_QUANT_SIZES[qtype]
         except (ValueError, KeyError):
             raise ValueError(f"tensor {name!r} has unknown type {ttype}") from None
-        n_elements = int(np.prod(dims, dtype=np.int64)) if dims else 1
+        n_elements = math.prod(dims)   # exact: no 64-bit overflow from a corrupt index
         n_bytes = n_elements * type_bytes // block
         shape = tuple(int(d) for d in reversed(dims))   # slowest first, as NumPy indexes
         plain = {qtype.F16: np.float16, qtype.F32: np.float32, qtype.F64: np.float64, qtype.I8: np.int8,
