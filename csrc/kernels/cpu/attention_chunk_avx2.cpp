@@ -80,10 +80,7 @@ AVX2_ATTR inline void pass_rows(const float* const* qs, const KV* const* k, cons
   for (int r = 0; r < R; ++r) {
     const __m256 a = _mm256_blendv_ps(ninf, _mm256_load_ps(s[r]), live0);
     const __m256 b = _mm256_blendv_ps(ninf, _mm256_load_ps(s[r] + 8), live1);
-    const __m256 x = _mm256_max_ps(a, b);
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float mx = std::max(m[r], _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1))));
+    const float mx = std::max(m[r], hmax_avx2(_mm256_max_ps(a, b)));
     if (mx > m[r]) {   // new running max: rescale what was accumulated so far
       const float f = std::exp(m[r] - mx);
       l[r] *= f;
@@ -104,8 +101,7 @@ AVX2_ATTR inline void pass_rows(const float* const* qs, const KV* const* k, cons
 template <typename KV>
 AVX2_ATTR void update_chunk(const float* const* qs, const KV* k_pool, const KV* v_pool, const int64_t* slots, int n,
                             int64_t row, int64_t kv_off, int64_t head_dim, int group, float scale, float* m, float* l,
-                            float* const* o, const ChunkAhead& ahead) {
-  (void)ahead;
+                            float* const* o, const ChunkAhead&) {
   const KV* k[kChunk];
   const KV* v[kChunk];
   for (int c = 0; c < n; ++c) {

@@ -66,10 +66,7 @@ AVX512_ATTR inline __m512 exp_neg16(__m512 x) {
 }
 
 AVX512_ATTR inline float max_lanes(__m512 x) {
-  __m256 h = _mm256_max_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
-  __m128 q = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
-  return _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
+  return hmax_avx2(_mm256_max_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1)));
 }
 
 AVX512_ATTR inline float add_lanes(__m512 x) {

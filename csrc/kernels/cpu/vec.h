@@ -63,6 +63,13 @@ __attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
   return _mm_cvtss_f32(h);
 }
 
+// The largest of v's 8 lanes (NaN-free inputs): the two halves, then pairs, then the last two.
+__attribute__((target("avx2,fma"))) inline float hmax_avx2(__m256 v) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
 __attribute__((target("avx2,fma"))) inline float dot_avx2(const float* a, const float* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
   int64_t i = 0;

@@ -77,20 +77,15 @@ class GGUFFile:
         return values
 
     def _string(self) -> str:
-        (n,) = self._take("Q")
-        if self._pos + n > self._end:
-            raise ValueError(f"a {n}-byte string at byte {self._pos} runs past the end of the file (truncated)")
-        s = str(self._buf[self._pos:self._pos + n], "utf-8")
-        self._pos += n
-        return s
+        return self._strings(1)[0]
 
     def _strings(self, n: int) -> List[str]:
-        """An array's ``n`` strings (a vocabulary: one tight loop)."""
+        """The next ``n`` strings (a vocabulary's: one tight loop)."""
         length = struct.Struct(self._order + "Q").unpack_from
         buf, pos, end, out = self._buf, self._pos, self._end, []
         for _ in range(n):
             if pos + 8 > end:
-                raise ValueError(f"the file ends at byte {end} inside a string array (truncated)")
+                raise ValueError(f"the file ends at byte {end} inside a string's length (truncated)")
             (k,) = length(buf, pos)
             pos += 8
             if pos + k > end:
