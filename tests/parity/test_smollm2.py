@@ -168,3 +168,16 @@ def test_cli_takes_the_heads_recommended_chain_length(path):
     assert _recommended_draft_tokens("smollm2", "mtp", "default") == recorded
     assert _recommended_draft_tokens("default", "mtp", "default") == 3      # the packaged tiny head records none
     assert _recommended_draft_tokens("smollm2", "ngram", "default") == 3
+
+
+def test_bench_default_mtp_head_is_the_targets(path):
+    """``sonarspec bench --spec mtp --model smollm2`` drafts with SmolLM2's head, not the
+    packaged tiny target's (whose hidden size differs)."""
+    from sonarspec_ext.assets import path as asset_path
+    from sonarspec_ext.bench.command import _mtp_head
+    from sonarspec_ext.spec.factory import find_mtp_head
+    if find_mtp_head(path) is None:
+        pytest.skip("this installation has no packaged SmolLM2 head")
+    assert _mtp_head("default", "smollm2") == find_mtp_head(path)
+    assert _mtp_head("default", "default") == asset_path("mtp")
+    assert _mtp_head("none", "smollm2") is None

@@ -59,13 +59,14 @@ def add_bench_parser(sub, positive_int) -> None:
     b.set_defaults(func=run_bench)
 
 
-def _packaged(name: str) -> bool:
-    from ..assets import path
-    try:
-        path(name)
-        return True
-    except FileNotFoundError:
-        return False
+def _mtp_head(mtp: str, model: str):
+    """``--mtp`` as a head: None for 'none'; for 'default' the head that goes with the
+    model (``spec.factory.find_mtp_head``: the packaged target's, SmolLM2's), or None."""
+    if mtp != "default":
+        return None if mtp == "none" else mtp
+    from ..assets import resolve
+    from ..spec.factory import find_mtp_head
+    return find_mtp_head(resolve(model, "target"))
 
 
 def run_bench(args) -> int:
@@ -73,10 +74,8 @@ def run_bench(args) -> int:
     if args.spec == "quantized":
         from .quantized import bench_quantized, print_quantized_table
         from ..assets import resolve
-        from ..spec.factory import find_draft_model, find_mtp_head
-        mtp = None if args.mtp == "none" else args.mtp
-        if mtp == "default":   # found once, for the model's own file: run on every file
-            mtp = find_mtp_head(resolve(args.model, "target"))
+        from ..spec.factory import find_draft_model
+        mtp = _mtp_head(args.mtp, args.model)   # found once, for the model's own file: run on every file
         draft = None if args.draft == "none" else args.draft
         if draft == "default":
             draft = find_draft_model(resolve(args.model, "target"))
@@ -90,11 +89,11 @@ def run_bench(args) -> int:
     if args.spec in ("all", "mtp", "eagle_tree"):
         from .spec import bench_spec, plot_spec, print_spec_table
         target = "default" if args.model == "synthetic-30m" else args.model
-        mtp = args.mtp if args.mtp != "default" or _packaged("mtp") else None
-        mtp = None if mtp == "none" else mtp
+        mtp = _mtp_head(args.mtp, target)
         draft = None if args.draft == "none" else args.draft
         if args.spec != "all" and mtp is None:
-            raise ValueError(f"--spec {args.spec} needs an MTP head: pass --mtp DIR (no packaged head is installed)")
+            raise ValueError(f"--spec {args.spec} needs an MTP head: pass --mtp DIR (none is packaged for "
+                             f"{args.model})")
         full, tree = args.spec == "all", args.spec == "eagle_tree"
         from ..spec.factory import TREE_NUM_NODES, TREE_TOP_K
         trees = [(d, args.tree_top_k or TREE_TOP_K, args.tree_nodes or TREE_NUM_NODES)

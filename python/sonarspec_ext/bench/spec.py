@@ -21,7 +21,7 @@ from ..assets import resolve
 from . import cpu_info, median_time
 from ..llm import LLM
 from ..params import SamplingParams, SpecConfig
-from ..spec.factory import find_draft_model
+from ..spec.factory import find_draft_model, find_mtp_head
 
 PROMPTS = [
     "def parse_args(argv):\n",
@@ -103,7 +103,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     EAGLE trees to run with the MTP head. ``temperature`` > 0 samples (seeded per prompt)
     instead: outputs then differ between schemes by design (the tests check the sampled
     distributions), and agreement is not checked. ``draft="default"``: the draft model that
-    goes with the target (``spec.factory.find_draft_model``), or no draft_target rows;
+    goes with the target (``spec.factory.find_draft_model``), or no draft_target rows (and
+    ``mtp="default"`` the MTP head that goes with it, ``find_mtp_head``, or no MTP rows);
     ``draft_quantization``: its weights (``SpecConfig.quantization``). ``adaptive``: every
     scheme under adaptive speculation (``EngineConfig.adaptive_speculation``; its rows
     record the decode steps that speculated and that ran plainly)."""
@@ -111,7 +112,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
         torch.set_num_threads(threads)
     target_dir = resolve(target, "target")
     draft_dir = find_draft_model(target_dir) if draft == "default" else resolve(draft, "draft") if draft else None
-    mtp_dir = resolve(mtp, "mtp") if mtp else None
+    mtp_dir = find_mtp_head(target_dir) if mtp == "default" else resolve(mtp, "mtp") if mtp else None
     sampled = temperature > 0
     schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram, trees, draft_quantization)
     llms = {name: LLM(target_dir, spec=spec, spec_max_batch=spec_max_batch, device=device, dtype=dtype,
