@@ -66,4 +66,6 @@ def heads(llama_dir, tmp_path_factory):
         "random": save(random_head(llama_dir, "rmsnorm"), str(d / "random")),
         "random_eagle1": save(random_head(llama_dir, "eagle1", seed=1), str(d / "random_eagle1")),
         "trained": save(trained_head(llama_dir, str(d / "work")), str(d / "trained")),
+        # reads the target's first layer too (EAGLE-3 style fused features)
+        "fused": save(trained_head(llama_dir, str(d / "work_fused"), feature_layers=(0,)), str(d / "fused")),
     }

@@ -78,7 +78,8 @@ class DecoderStack {
   int64_t forward(uintptr_t x, uintptr_t features, int64_t m, uintptr_t positions, uintptr_t slot_mapping,
                   uintptr_t block_table, int64_t batch, int64_t max_pages, int64_t page_size, uintptr_t token_seq,
                   uintptr_t key_begin,
-                  uintptr_t key_end, uintptr_t tree_begin, uintptr_t tree_mask, uintptr_t out, int num_threads) {
+                  uintptr_t key_end, uintptr_t tree_begin, uintptr_t tree_mask, uintptr_t out, int num_threads,
+                  uintptr_t capture_layers, int64_t capture_count, uintptr_t capture_out) {
     if (weights_.fc.data != nullptr && features == 0) {
       throw std::invalid_argument("DecoderStack: an MTP head needs features");
     }
@@ -94,10 +95,17 @@ class DecoderStack {
     a.key_end = i(key_end);
     a.tree_begin = i(tree_begin);
     a.tree_mask = i(tree_mask);
+    if (capture_count < 0 || (capture_count > 0 && (capture_layers == 0 || capture_out == 0))) {
+      throw std::invalid_argument("DecoderStack: captured layers need their ids and an output");
+    }
+    LayerCapture capture;
+    capture.layers = i(capture_layers);
+    capture.count = capture_count;
+    capture.out = reinterpret_cast<float*>(capture_out);
     py::gil_scoped_release release;
     return decoder_stack_forward(weights_, shape_, reinterpret_cast<float*>(x),
                                  reinterpret_cast<const float*>(features), m, i(positions), a,
-                                 reinterpret_cast<float*>(out), num_threads);
+                                 reinterpret_cast<float*>(out), num_threads, capture);
   }
 
   // io: embed, embed_bf16, lm_head, lm_head_format, lm_rows, block_table, max_pages, page_size, window, embed_rows,

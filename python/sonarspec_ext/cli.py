@@ -143,7 +143,7 @@ def _train_mtp(args) -> int:
     info = train_mtp(resolve(args.target, "target"), args.data, args.out, args.work, args.layout, args.seq_len,
                      args.max_windows, args.feature_dtype, args.formats, args.exclude, args.resume, cfg=cfg,
                      draft_vocab_size=args.draft_vocab, export_dtype=args.export_dtype,
-                     quantization=args.quantization, init_from=args.init_from)
+                     quantization=args.quantization, init_from=args.init_from, feature_layers=args.feature_layers)
     print(f"head written to {args.out} ({info['num_params']} parameters)")
     return 0
 
@@ -174,11 +174,14 @@ def _add_train_mtp(sub) -> None:
     t.add_argument("--eval-every", type=positive_int, default=100)
     t.add_argument("--draft-vocab", type=int, default=0,
                    help="propose only the N most frequent training tokens, and train the cross-entropy over them "
-                        "(cheaper drafting and training; 0: all)")
+                        "(cheaper drafting and training; 0: all, or the --init-from head's own)")
     t.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,
                    help="the target as the feature pass and the engine validation load it (as served: auto keeps "
                         "a GGUF file's blocks)")
     t.add_argument("--init-from", default=None, help="a head directory (same layout) to start from: fine-tuning")
+    t.add_argument("--feature-layers", type=int, nargs="+", default=[],
+                   help="target layers (0-based) whose outputs the head reads besides the final states, "
+                        "fused into its feature (EAGLE-3 style); the fusion starts at zero")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--resume", action="store_true")
     t.set_defaults(func=_train_mtp)

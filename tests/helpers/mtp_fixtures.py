@@ -11,16 +11,21 @@ from sonarspec_ext.models.mtp import MTPHead
 from sonarspec_ext.models.mtp_loader import save_mtp_head
 
 
-def random_head(target_dir: str, layout: str = "rmsnorm", seed: int = 0) -> MTPHead:
+def random_head(target_dir: str, layout: str = "rmsnorm", seed: int = 0, feature_layers=(),
+                fusion_std: float = 0.0) -> MTPHead:
+    """``feature_layers``: a fused head (its fusion drawn with ``fusion_std``; 0: zero, as
+    training starts it)."""
     target = load_model(target_dir)
     cfg = copy.deepcopy(target.config)
     cfg.num_hidden_layers = 1
     torch.manual_seed(seed)
-    head = MTPHead(cfg, layout)
+    head = MTPHead(cfg, layout, feature_layers)
     with torch.no_grad():  # non-trivial norm weights and biases, so a wrong key mapping shows
         for name, p in head.named_parameters():
             if p.dim() == 1:
                 p.uniform_(0.5, 1.5) if "norm" in name else p.normal_(0, 0.1)
+        if fusion_std:
+            head.fusion.proj.weight.normal_(0, fusion_std)
     return head.bind(target)
 
 
@@ -33,14 +38,16 @@ def sampled_windows(target_dir: str, n: int, length: int, seed: int = 0) -> np.n
     return np.array([p + o.token_ids for p, o in zip(prompts, outs)], dtype=np.int32)
 
 
-def trained_head(target_dir: str, work: str, layout: str = "rmsnorm", steps: int = 150) -> MTPHead:
+def trained_head(target_dir: str, work: str, layout: str = "rmsnorm", steps: int = 150,
+                 feature_layers=()) -> MTPHead:
     from sonarspec_ext.train.features import FeatureSet, compute_features
     from sonarspec_ext.train.mtp_train import TrainConfig, train_head
     win = sampled_windows(target_dir, 72, 48)
     target = load_model(target_dir)
-    compute_features(target, win[:64], f"{work}/features/train", "t", "k", "float32", log=lambda *_: None)
-    compute_features(target, win[64:], f"{work}/features/val", "t", "k", "float32", log=lambda *_: None)
-    head = random_head(target_dir, layout)
+    quiet = dict(log=lambda *_: None, feature_layers=feature_layers)
+    compute_features(target, win[:64], f"{work}/features/train", "t", "k", "float32", **quiet)
+    compute_features(target, win[64:], f"{work}/features/val", "t", "k", "float32", **quiet)
+    head = random_head(target_dir, layout, feature_layers=feature_layers)
     cfg = TrainConfig(max_steps=steps, lr=3e-3, warmup=10, unroll=2, eval_every=steps, batch_size=8)
     train_head(head, FeatureSet(f"{work}/features/train"), FeatureSet(f"{work}/features/val"), cfg,
                f"{work}/run", log=lambda *_: None)

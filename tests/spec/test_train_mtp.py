@@ -117,6 +117,27 @@ def test_training_resumes_exactly(llama_dir, tmp_path, monkeypatch):
     assert any(not torch.equal(a, b) for a, b in zip(resumed.state_dict().values(), extended.state_dict().values()))
 
 
+def test_feature_pass_stores_the_streams_of_the_layers_a_fused_head_reads(llama_dir, tmp_path):
+    """The residual stream after layer 0 matches transformers' (its hidden_states[1]); the
+    final states are those of a pass without layers; a directory keeps its layers."""
+    win = sampled_windows(llama_dir, 3, 16)
+    target = load_model(llama_dir)
+    compute_features(target, win, str(tmp_path / "plain"), "fp", "tok", "float32", **QUIET)
+    compute_features(target, win, str(tmp_path / "fused"), "fp", "tok", "float32", feature_layers=(0,), **QUIET)
+    plain, fused = FeatureSet(str(tmp_path / "plain")), FeatureSet(str(tmp_path / "fused"))
+    idx = torch.arange(3)
+    assert plain.streams(idx) is None and fused.feature_layers == (0,)
+    assert torch.equal(plain.hidden, fused.hidden)
+    with torch.no_grad():
+        ref = hf_load(llama_dir)(torch.from_numpy(win).long(), output_hidden_states=True).hidden_states[1]
+    torch.testing.assert_close(fused.streams(idx)[:, :, 0], ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="feature_layers"):
+        compute_features(target, win, str(tmp_path / "fused"), "fp", "tok", "float32", feature_layers=(1,), **QUIET)
+    with pytest.raises(ValueError, match=r"the head reads target layers \[0\], the features hold \[\]"):
+        train_head(random_head(llama_dir, feature_layers=(0,)), plain, plain, TrainConfig(max_steps=1),
+                   str(tmp_path / "run"), **QUIET)
+
+
 def _corpus(tmp_path):
     d = tmp_path / "corpus"
     (d / "sub").mkdir(parents=True)
@@ -216,3 +237,29 @@ def test_features_of_the_served_quantization_and_a_warm_start(llama_dir, heads, 
         train_mtp(llama_dir, [str(corpus)], str(tmp_path / "h2"), str(work), layout="eagle1", seq_len=32,
                   max_windows=6, cfg=cfg, feature_dtype="float32", quantization="q8_0",
                   init_from=heads["trained"], **QUIET)
+
+
+@pytest.mark.slow
+def test_a_fused_head_trains_from_a_plain_one(llama_dir, heads, tmp_path):
+    """``feature_layers`` with ``init_from`` a head without them: the fusion starts at zero
+    and learns, the export records its layers, keeps the start's draft vocabulary and
+    drafts losslessly in the engine; a start that reads other layers is refused."""
+    from sonarspec_ext.models.mtp_loader import read_mtp_head, save_mtp_head
+    from sonarspec_ext.train.train_mtp import train_mtp
+    corpus, out, work = _corpus(tmp_path), tmp_path / "head", tmp_path / "work"
+    start = read_mtp_head(heads["trained"], load_model(llama_dir).config, compact_weights=False)
+    start.set_draft_vocab(torch.arange(0, 256, 2))
+    save_mtp_head(start, str(tmp_path / "start"))
+    cfg = TrainConfig(max_steps=3, batch_size=2, lr=1e-3, warmup=1, eval_every=3, checkpoint_every=3, eval_windows=2)
+    kw = dict(seq_len=32, max_windows=6, cfg=cfg, feature_dtype="float32", validate_prompts=2, validate_tokens=8,
+              **QUIET)
+    info = train_mtp(llama_dir, [str(corpus)], str(out), str(work), init_from=str(tmp_path / "start"),
+                     feature_layers=(0,), **kw)
+    assert info["feature_layers"] == [0] and info["engine_validation"]["equal_to_plain_decoding"]
+    assert FeatureSet(str(work / "features-0" / "train")).feature_layers == (0,)
+    head = read_mtp_head(str(out), load_model(llama_dir).config, compact_weights=False)
+    assert head.feature_layers == (0,) and head.fusion.proj.weight.abs().sum() > 0
+    assert torch.equal(head.draft_vocab, torch.arange(0, 256, 2)) and info["draft_vocab_size"] == 128
+    with pytest.raises(ValueError, match=r"reads target layers \[0\], this run trains one reading \[1\]"):
+        train_mtp(llama_dir, [str(corpus)], str(tmp_path / "h2"), str(work), init_from=heads["fused"],
+                  feature_layers=(1,), **kw)

@@ -80,8 +80,18 @@ struct DecoderStackWeights {
 // tables. Returns, summed over layers, the tokens whose KV slot was past the pools (skipped
 // as kv_store_cpu does; negative slots mark padding and are not counted) plus the query
 // tokens that read no key (a row or page outside the tables, an empty key range).
+// Residual streams copied out for a drafter that reads intermediate layers (EAGLE-3
+// style): row t's stream after layer layers[j] (0-based) goes to out[(t * count + j) *
+// hidden]. count 0: none. A layer index outside [0, num_layers) throws std::out_of_range.
+struct LayerCapture {
+  const int64_t* layers = nullptr;
+  int64_t count = 0;
+  float* out = nullptr;
+};
+
 int64_t decoder_stack_forward(const DecoderStackWeights& weights, const DecoderShape& shape, float* x,
                               const float* features, int64_t m, const int64_t* positions,
-                              const StepAttention& attn, float* out, int num_threads);
+                              const StepAttention& attn, float* out, int num_threads,
+                              const LayerCapture& capture = LayerCapture());
 
 }  // namespace sonarspec

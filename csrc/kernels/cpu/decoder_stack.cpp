@@ -29,7 +29,13 @@ void gather_rows(const float* src, int64_t src_stride, float* dst, int64_t rows,
 
 int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& s, float* x, const float* features,
                               int64_t m, const int64_t* positions, const StepAttention& a, float* out,
-                              int num_threads) {
+                              int num_threads, const LayerCapture& capture) {
+  for (int64_t j = 0; j < capture.count; ++j) {
+    if (capture.layers[j] < 0 || capture.layers[j] >= w.num_layers) {
+      throw std::out_of_range("captured layer " + std::to_string(capture.layers[j]) + " is outside the stack's " +
+                              std::to_string(w.num_layers) + " layers");
+    }
+  }
   const int64_t q_dim = s.num_heads * s.head_dim, kv_dim = s.num_kv_heads * s.head_dim;
   const int64_t qk_dim = q_dim + kv_dim, qkv_dim = qk_dim + kv_dim, half = s.head_dim / 2;
   thread_local std::vector<float> h, qkv, part, qk, qk_rot, q, k, v, att, tmp, cos, sin;
@@ -105,6 +111,11 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
     small_mlp(h.data(), L.gate_up.data, L.gate_up.format, L.down.data, L.down.format, tmp.data(), m, s.hidden,
               s.inter, num_threads);
     add_inplace(x, tmp.data(), m * s.hidden);
+    for (int64_t j = 0; j < capture.count; ++j) {
+      if (capture.layers[j] != l) continue;
+      for (int64_t t = 0; t < m; ++t)
+        std::memcpy(capture.out + (t * capture.count + j) * s.hidden, x + t * s.hidden, sizeof(float) * s.hidden);
+    }
   }
   if (w.final_norm != nullptr) {
     rms_norm_cpu(x, w.final_norm, out, m, s.hidden, s.eps);

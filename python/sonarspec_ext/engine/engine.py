@@ -80,6 +80,9 @@ class Engine:
         self.planner = _C.Planner(pc)
         self.proposer = make_proposer(self.spec, draft_dir, self.model, self.planner, num_pages, c.page_size,
                                       self.dtype, self.device, c.draft_sampling)
+        head = getattr(self.proposer, "head", None)
+        if head is not None and head.feature_layers:   # the head reads intermediate target layers too
+            self.runner.fuse_layers(head.feature_layers, head.target_features)
         if c.cuda_graphs:
             if self.device.type != "cuda":
                 raise ValueError(f"cuda_graphs needs a CUDA device, not {self.device.type!r}")

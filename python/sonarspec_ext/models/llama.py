@@ -6,7 +6,7 @@ inference (``TorchPagedAttention`` or another backend).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -163,14 +163,23 @@ class LlamaForCausalLM(nn.Module):
         self.draft_vocab: Optional[torch.Tensor] = None   # token ids of the lm_head's rows (None: all)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionBackend) -> torch.Tensor:
+                attn: AttentionBackend, capture: Sequence[int] = ()):
         """``input_ids``, ``positions``: (num_tokens,) -> final-norm hidden states
-        (num_tokens, hidden_size). Logits are computed separately, only where needed."""
+        (num_tokens, hidden_size). Logits are computed separately, only where needed.
+        ``capture``: layer indices whose output residual streams a drafter reads; then
+        (final, (num_tokens, len(capture), hidden_size))."""
         x = self.embed_input(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        for layer in self.model.layers:
+        streams = {}
+        for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, attn)
-        return self.model.norm(x)
+            if i in capture:
+                streams[i] = x
+        if not capture:
+            return self.model.norm(x)
+        if any(i not in streams for i in capture):
+            raise ValueError(f"captured layers {list(capture)} must lie in [0, {len(self.model.layers)})")
+        return self.model.norm(x), torch.stack([streams[i] for i in capture], dim=1)
 
     def embed_input(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings in the compute dtype: what the decoder layers read."""

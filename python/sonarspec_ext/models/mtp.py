@@ -10,10 +10,16 @@ target's lm_head predict ``t_{i+2}``:
 The rmsnorm layout is DeepSeek-V3's MTP module (enorm, hnorm, eh_proj, shared_head.norm);
 eagle1 is the original EAGLE head without those norms. Embedding and lm_head are the
 target's tensors, shared by reference and never stored in the head.
+
+A head may also read intermediate layers of the target (EAGLE-3's fused features): with
+``feature_layers`` its feature is ``h_i + fusion(norm_j(x_i^(l_j)))`` - the final state plus
+a projection of the RMS-normalised residual streams after those layers - and its own
+predicted features (later chain steps) stay in the space of ``h``. The projection starts
+at zero, so a fused head starts as the final-state head it is initialised from.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +37,30 @@ from .llama import LlamaDecoderLayer, check_vocab_range, vocab_logits
 LAYOUTS = ("rmsnorm", "eagle1")
 
 
+class FeatureFusion(nn.Module):
+    """final (n, hidden), streams (n, len(layers), hidden) -> final + proj(cat(norm_j(stream_j)))."""
+
+    def __init__(self, layers: Sequence[int], hidden: int, eps: float):
+        super().__init__()
+        self.layers = tuple(int(x) for x in layers)
+        if not self.layers or min(self.layers) < 0 or len(set(self.layers)) != len(self.layers):
+            raise ValueError(f"feature layers must be distinct layer indices >= 0, got {list(layers)}")
+        self.norms = nn.ModuleList(RMSNorm(hidden, eps) for _ in self.layers)
+        self.proj = Linear(len(self.layers) * hidden, hidden, bias=False)
+        if self.proj.weight.device.type != "meta":
+            nn.init.zeros_(self.proj.weight)
+
+    def forward(self, final: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+        if streams.dim() != 3 or streams.shape[1] != len(self.layers) or streams.shape[0] != final.shape[0]:
+            raise ValueError(f"expected streams of shape [{final.shape[0]}, {len(self.layers)}, hidden], "
+                             f"got {list(streams.shape)}")
+        dtype = self.norms[0].weight.dtype
+        normed = [norm(streams[:, j].to(dtype).contiguous()) for j, norm in enumerate(self.norms)]
+        return final + self.proj(torch.cat(normed, dim=-1)).to(final.dtype)
+
+
 class MTPHead(nn.Module):
-    def __init__(self, cfg: ModelConfig, layout: str = "rmsnorm"):
+    def __init__(self, cfg: ModelConfig, layout: str = "rmsnorm", feature_layers: Sequence[int] = ()):
         super().__init__()
         if layout not in LAYOUTS:
             raise ValueError(f"MTP head layout must be one of {LAYOUTS}, got {layout!r}")
@@ -46,16 +74,34 @@ class MTPHead(nn.Module):
         if not norms:
             self.layer.input_layernorm = nn.Identity()
         self.norm = RMSNorm(h, eps) if norms else None
+        self.fusion = FeatureFusion(feature_layers, h, eps) if feature_layers else None
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         self._shared = None  # (embed_tokens, lm_head) of the target: a tuple, so not registered
         self.draft_vocab: Optional[torch.Tensor] = None   # token ids the head may propose (None: all)
         self._draft_lm_head: Optional[torch.Tensor] = None
+
+    @property
+    def feature_layers(self) -> Tuple[int, ...]:
+        """The target layers whose outputs the head reads besides the final states."""
+        return () if self.fusion is None else self.fusion.layers
+
+    def target_features(self, final: torch.Tensor, streams: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The head's feature of target positions: ``final`` states (n, hidden), fused with
+        the residual streams after ``feature_layers`` (n, len, hidden) for a fused head."""
+        if self.fusion is None:
+            return final
+        if streams is None:
+            raise ValueError(f"this head reads target layers {list(self.feature_layers)}: pass their streams")
+        return self.fusion(final, streams)
 
     def bind(self, target) -> "MTPHead":
         """Shares the target's embedding and lm_head (by reference; nothing is copied)."""
         if target.config.hidden_size != self.config.hidden_size:
             raise ValueError(f"MTP head hidden size {self.config.hidden_size} does not match the target's "
                              f"{target.config.hidden_size}")
+        if self.feature_layers and max(self.feature_layers) >= target.config.num_hidden_layers:
+            raise ValueError(f"MTP head reads target layers {list(self.feature_layers)}, the target has "
+                             f"{target.config.num_hidden_layers}")
         self._shared = (target.model.embed_tokens, target.lm_head)
         self.set_draft_vocab(self.draft_vocab)
         return self

@@ -1,8 +1,9 @@
 """Load and save MTP heads in three layouts, detected from the tensor names.
 
 - ``sonarspec``: our format. ``config.json`` (one-layer Llama fields, ``architectures:
-  ["SonarspecMTPHead"]``, ``mtp_layout``), tensors ``enorm``, ``hnorm``, ``fc``,
-  ``layer.*``, ``norm`` (the norms absent in the eagle1 layout).
+  ["SonarspecMTPHead"]``, ``mtp_layout``, optional ``feature_layers``), tensors ``enorm``,
+  ``hnorm``, ``fc``, ``layer.*``, ``norm`` (the norms absent in the eagle1 layout), and
+  ``fusion.*`` for a head that reads intermediate target layers.
 - ``eagle1``: published EAGLE-1 heads: ``fc.weight``, ``fc.bias``, ``layers.0.*`` without
   ``input_layernorm``; ``config.json`` is a one-layer Llama config.
 - ``deepseek``: a DeepSeek-V3 MTP layer ``model.layers.{L}.{enorm,hnorm,eh_proj,
@@ -74,8 +75,9 @@ def _read_config(path: str) -> dict:
         raise CheckpointError(f"{f}: not valid JSON ({e})") from None
 
 
-def head_config(path: str, target_cfg: ModelConfig) -> Tuple[ModelConfig, str, Optional[int], str]:
-    """(one-layer config, format, DeepSeek layer index, layout) of the head stored in ``path``."""
+def head_config(path: str, target_cfg: ModelConfig) -> Tuple[ModelConfig, str, Optional[int], str, Tuple[int, ...]]:
+    """(one-layer config, format, DeepSeek layer index, layout, target layers it reads
+    besides the final states) of the head stored in ``path``."""
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: MTP head directory not found")
     fmt, layer = detect_format(weight_files(path))
@@ -91,16 +93,23 @@ def head_config(path: str, target_cfg: ModelConfig) -> Tuple[ModelConfig, str, O
     if cfg.vocab_size != target_cfg.vocab_size:
         raise CheckpointError(f"{path}: MTP head was made for a vocabulary of {cfg.vocab_size} tokens, the "
                               f"target has {target_cfg.vocab_size}")
-    return cfg, fmt, layer, layout
+    feature_layers = d.get("feature_layers") or []
+    if (not isinstance(feature_layers, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                       for x in feature_layers)
+            or any(not 0 <= x < target_cfg.num_hidden_layers for x in feature_layers)
+            or len(set(feature_layers)) != len(feature_layers)):
+        raise CheckpointError(f"{path}: feature_layers must list distinct target layer indices in "
+                              f"[0, {target_cfg.num_hidden_layers}), got {feature_layers!r}")
+    return cfg, fmt, layer, layout, tuple(feature_layers)
 
 
 def read_mtp_head(path: str, target_cfg: ModelConfig, dtype="float32", compact_weights: bool = True) -> MTPHead:
     """The head stored in ``path`` (any supported layout) on the CPU, as trained: unbound,
     projections unfused; ``compact_weights`` as in ``models.loader.load_model``."""
-    cfg, fmt, layer, layout = head_config(path, target_cfg)
+    cfg, fmt, layer, layout, feature_layers = head_config(path, target_cfg)
     torch_dtype = parse_dtype(dtype)
     with torch.device("meta"):
-        head = MTPHead(cfg, layout)
+        head = MTPHead(cfg, layout, feature_layers)
     keys = _key_map(fmt, layer, head)
     files = weight_files(path)
     if fmt == "deepseek" and f"model.layers.{layer}.self_attn.q_proj.weight" not in files:
@@ -158,6 +167,8 @@ def save_mtp_head(head: MTPHead, path: str, fmt: str = "sonarspec", dtype="float
     """Writes ``config.json`` + ``model.safetensors`` in ``fmt`` (sonarspec, eagle1 or deepseek;
     eagle1 needs the eagle1 layout, deepseek the rmsnorm layout and the target's layer count,
     which names the layer). Never the shared tensors."""
+    if fmt != "sonarspec" and head.feature_layers:
+        raise ValueError(f"a head that reads intermediate target layers has no {fmt} layout; save it as sonarspec")
     if fmt == "eagle1" and head.layout != "eagle1" or fmt == "deepseek" and head.layout != "rmsnorm":
         raise ValueError(f"a {head.layout} head cannot be written in the {fmt} layout")
     if fmt not in ("sonarspec", "eagle1", "deepseek"):
@@ -173,6 +184,8 @@ def save_mtp_head(head: MTPHead, path: str, fmt: str = "sonarspec", dtype="float
     d["torch_dtype"] = str(torch_dtype).replace("torch.", "")
     if fmt == "sonarspec":
         d.update(architectures=[ARCHITECTURE], mtp_layout=head.layout)
+        if head.feature_layers:
+            d["feature_layers"] = list(head.feature_layers)
         if head.draft_vocab is not None:
             d["draft_vocab_size"] = int(head.draft_vocab.numel())
     elif fmt == "deepseek":

@@ -142,12 +142,15 @@ class DecoderStack:
     def forward(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 block_table: torch.Tensor, page_size: int, token_seq: torch.Tensor, key_begin: torch.Tensor,
                 key_end: torch.Tensor, tree_begin: Optional[torch.Tensor] = None,
-                tree_mask: Optional[torch.Tensor] = None, features: Optional[torch.Tensor] = None) -> torch.Tensor:
+                tree_mask: Optional[torch.Tensor] = None, features: Optional[torch.Tensor] = None,
+                capture: Sequence[int] = ()):
         """x (m, hidden) token embeddings -> final_norm(layers(x)) (m, hidden), ``x`` left
         unchanged; an MTP head first projects x with ``features`` (m, hidden). positions (m,)
         int64 (RoPE); the rest is the step's paged-attention metadata (int64, see
         ``ops.paged_attention``); the new tokens' K/V are written to the pools (slots outside
-        them skipped, as ``ops.kv_store`` does: negative slots mark padding)."""
+        them skipped, as ``ops.kv_store`` does: negative slots mark padding). ``capture``:
+        layer indices whose output residual streams are returned too, as (final, (m,
+        len(capture), hidden))."""
         if not self.accepts(x):
             raise ValueError(f"DecoderStack runs float32 CPU inputs of shape (1..{self.max_rows}, {self.hidden}), "
                              f"got {x.dtype} {list(x.shape)} on {x.device}")
@@ -169,6 +172,10 @@ class DecoderStack:
         check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2, device=torch.device("cpu"))
         if not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
+        layers = torch.tensor(list(capture), dtype=torch.int64)
+        if layers.numel() and not bool(((layers >= 0) & (layers < len(self.layers))).all()):
+            raise ValueError(f"captured layers {list(capture)} must lie in [0, {len(self.layers)})")
+        captured = torch.empty(m, layers.numel(), self.hidden)
         out = x.clone(memory_format=torch.contiguous_format)
         try:
             bad = self._native.forward(
@@ -177,10 +184,10 @@ class DecoderStack:
                 page_size,
                 token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(),
                 0 if tree_begin is None else tree_begin.data_ptr(), 0 if tree_mask is None else tree_mask.data_ptr(),
-                out.data_ptr(), native_threads())
+                out.data_ptr(), native_threads(), layers.data_ptr(), layers.numel(), captured.data_ptr())
         except IndexError as e:
             raise ValueError(str(e)) from None
         if bad:
             raise ValueError(f"DecoderStack: {bad} token-layers had a KV slot past the pools or attended to no "
                              f"key (token_seq, block_table page ids or key ranges out of range)")
-        return out
+        return (out, captured) if layers.numel() else out

@@ -9,7 +9,7 @@ its own sequence, never on the rest of the batch or on how its prompt was chunke
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -65,10 +65,12 @@ def build_native_stack(model, kv_cache) -> Optional[DecoderStack]:
 
 
 def run_native_stack(stack: DecoderStack, model, input_ids: torch.Tensor, positions: torch.Tensor, meta,
-                     features: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+                     features: Optional[torch.Tensor] = None, capture: Sequence[int] = ()):
     """``model``'s final hidden states for the packed step through ``stack`` (an MTP head
-    also reads ``features``), or None where the stack does not run it (metadata without
-    the native attention's key ranges, inputs it does not take): the per-op path then."""
+    also reads ``features``; with ``capture``, (final, the residual streams after those
+    layers (n, len(capture), hidden))), or None where the stack does not run it (metadata
+    without the native attention's key ranges, inputs it does not take): the per-op path
+    then."""
     x = model.embed_input(input_ids)
     if features is not None:
         features = features.to(x.dtype)
@@ -77,11 +79,16 @@ def run_native_stack(stack: DecoderStack, model, input_ids: torch.Tensor, positi
     n, step = x.shape[0], stack.max_rows
     if n <= step:
         return stack.forward(x, positions, meta.slot_mapping, meta.block_table, meta.page_size, *meta.native,
-                             features=features)
+                             features=features, capture=capture)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    captured = torch.empty(n, len(capture), x.shape[1])
     for r in range(0, n, step):
         rows = slice(r, min(n, r + step))
-        out[rows] = stack.forward(x[rows], positions[rows], meta.slot_mapping[rows], meta.block_table,
-                                  meta.page_size, *(t[rows] for t in meta.native),
-                                  features=None if features is None else features[rows])
-    return out
+        res = stack.forward(x[rows], positions[rows], meta.slot_mapping[rows], meta.block_table,
+                            meta.page_size, *(t[rows] for t in meta.native),
+                            features=None if features is None else features[rows], capture=capture)
+        if capture:
+            out[rows], captured[rows] = res
+        else:
+            out[rows] = res
+    return (out, captured) if capture else out

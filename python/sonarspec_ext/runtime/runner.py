@@ -31,6 +31,15 @@ class ModelRunner:
         self.graphs = None   # runtime.cuda_graphs.StepGraphs once use_cuda_graphs() is called
         self.policy = ExecutionPolicy()   # picks each forward's path and counts them
         self.threads = ThreadPolicy()     # the threads its native kernels and torch's ops get
+        self.capture: Tuple[int, ...] = ()   # target layers a drafter reads besides the final states
+        self._fuse = None
+
+    def fuse_layers(self, layers: Sequence[int], fuse) -> None:
+        """From now on the hidden states ``forward`` returns are ``fuse(final, streams)``:
+        the final states and the residual streams after ``layers`` ((n, len(layers),
+        hidden)) - the features of a drafter that reads intermediate layers (EAGLE-3 style).
+        No layers: the final states, as before."""
+        self.capture, self._fuse = tuple(layers), fuse if layers else None
 
     def use_cuda_graphs(self, capture: bool = True) -> None:
         """Small uniform steps on this runner run as CUDA graphs from now on
@@ -134,21 +143,27 @@ class ModelRunner:
                 logits_indices: torch.Tensor, hidden_indices=None, features: Optional[torch.Tensor] = None):
         """Runs the packed tokens (num_tokens,) and returns float32 logits for the rows in
         ``logits_indices`` (num_logits, vocab_size), plus final hidden states for the rows in
-        ``hidden_indices`` (an index tensor or slice) when given. ``features`` (num_tokens,
+        ``hidden_indices`` (an index tensor or slice) when given - fused with the captured
+        layers' streams where ``fuse_layers`` set them. ``features`` (num_tokens,
         hidden_size) are the per-token hidden-state inputs of an MTP head."""
-        graphed = None if self.graphs is None else self.graphs.run(input_ids, positions, meta, logits_indices, features)
+        graphed = (None if self.graphs is None or self.capture
+                   else self.graphs.run(input_ids, positions, meta, logits_indices, features))
         if graphed is not None:   # a graph's static outputs: copied out before its next replay
             self.policy.record("cuda_graph")
             hidden, logits = graphed
             return logits.clone() if hidden_indices is None else (logits.clone(), hidden[hidden_indices].clone())
         path, stack = self.policy.choose(self, input_ids.numel(), meta)
         extra = () if features is None else (features,)
+        capture = {"capture": self.capture} if self.capture else {}
         with self.threads.for_path(path):
-            hidden = None if stack is None else run_native_stack(stack, self.model, input_ids, positions, meta,
-                                                                 features)
-            if hidden is None:
-                hidden = self.model(input_ids, positions, TorchPagedAttention(self.kv_cache, meta), *extra)
+            out = None if stack is None else run_native_stack(stack, self.model, input_ids, positions, meta,
+                                                              features, self.capture)
+            if out is None:
+                out = self.model(input_ids, positions, TorchPagedAttention(self.kv_cache, meta), *extra, **capture)
+            hidden, streams = out if self.capture else (out, None)
             logits = self.model.compute_logits(hidden[logits_indices])
         if hidden_indices is None:
             return logits
-        return logits, hidden[hidden_indices]
+        if streams is None:
+            return logits, hidden[hidden_indices]
+        return logits, self._fuse(hidden[hidden_indices], streams[hidden_indices])

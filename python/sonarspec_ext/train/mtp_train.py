@@ -75,19 +75,28 @@ def unrolled_features(head: MTPHead, tokens: torch.Tensor, hidden: torch.Tensor,
 
 def head_loss(head: MTPHead, tokens: torch.Tensor, hidden: torch.Tensor, unroll: int, ce_weight: float,
               noise: float = 0.0, generator: Optional[torch.Generator] = None,
-              vocab_ids: Optional[torch.Tensor] = None, layout: Optional[WindowLayout] = None):
+              vocab_ids: Optional[torch.Tensor] = None, layout: Optional[WindowLayout] = None,
+              streams: Optional[torch.Tensor] = None):
     """tokens (B, T), hidden (B, T, H) -> (total loss, [per-step (feature loss, CE, top-1 acc)]).
     ``vocab_ids``: the soft cross-entropy (and top-1) over these tokens only - the draft
     vocabulary the head will propose from - with the teacher renormalised over them.
-    ``layout``: the windows' segments and drafted positions (None: one segment, all drafted)."""
+    ``layout``: the windows' segments and drafted positions (None: one segment, all drafted).
+    ``streams`` (B, T, layers, H): the residual streams a fused head reads at its first step
+    (its features, ``MTPHead.target_features``); later steps and the targets stay ``hidden``."""
     B, T = tokens.shape
     layout = layout or WindowLayout.uniform(B, T)
     H = hidden.shape[-1]
     target = hidden[:, 1:].reshape(-1, H)                             # h_{i+1}
     with torch.no_grad():
         teacher = head.training_logits(target, vocab_ids).log_softmax(-1)
+    inputs = hidden
+    if head.feature_layers:
+        if streams is None:
+            raise ValueError(f"this head reads target layers {list(head.feature_layers)}: the features need "
+                             f"their streams (a feature pass with those layers)")
+        inputs = head.target_features(hidden.reshape(-1, H), streams.reshape(B * T, -1, H)).view(B, T, H)
     total, parts = 0.0, []
-    for k, out in enumerate(unrolled_features(head, tokens, hidden, unroll, noise, generator, layout), start=1):
+    for k, out in enumerate(unrolled_features(head, tokens, inputs, unroll, noise, generator, layout), start=1):
         rows = valid_rows(k, layout).reshape(-1)
         if not rows.any():   # no chain of this length in the batch
             parts.append((0.0, 0.0, 0.0))
@@ -112,7 +121,7 @@ def evaluate(head: MTPHead, val: FeatureSet, cfg: TrainConfig, vocab_ids: Option
         idx = torch.arange(lo, min(n, lo + cfg.batch_size))
         tokens, hidden = val.get(idx)
         loss, parts = head_loss(head, tokens, hidden, cfg.unroll, cfg.ce_weight, vocab_ids=vocab_ids,
-                                layout=val.layout(idx))
+                                layout=val.layout(idx), streams=val.streams(idx))
         row = [len(idx) * x for x in [float(loss)] + [x for p in parts for x in p]]
         sums = row if sums is None else [a + b for a, b in zip(sums, row)]
     head.train()
@@ -132,6 +141,10 @@ def train_head(head: MTPHead, train: FeatureSet, val: FeatureSet, cfg: TrainConf
     ``work_dir/checkpoint.pt`` and continues from it with ``resume`` - also past the end
     of a finished run, given a larger ``max_steps`` (``EXTENDABLE``). ``vocab_ids``: the
     cross-entropy's token set (see ``head_loss``)."""
+    for fs in (train, val):
+        if tuple(fs.feature_layers) != tuple(head.feature_layers):
+            raise ValueError(f"the head reads target layers {list(head.feature_layers)}, the features hold "
+                             f"{list(fs.feature_layers)}")
     os.makedirs(work_dir, exist_ok=True)
     ckpt = os.path.join(work_dir, "checkpoint.pt")
     params = [p for p in head.parameters() if p.requires_grad]
@@ -163,7 +176,7 @@ def train_head(head: MTPHead, train: FeatureSet, val: FeatureSet, cfg: TrainConf
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss, parts = head_loss(head, tokens, hidden, cfg.unroll, cfg.ce_weight, cfg.noise, g, vocab_ids,
-                                train.layout(idx))
+                                train.layout(idx), train.streams(idx))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)

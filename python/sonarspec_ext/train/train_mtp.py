@@ -88,11 +88,15 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
               formats: Sequence[str] = ("sonarspec",), exclude: Sequence[str] = (), resume: bool = False,
               validate_prompts: int = 16, validate_tokens: int = 64, cfg: Optional[TrainConfig] = None,
               draft_vocab_size: int = 0, export_dtype: str = "float32", quantization: str = "auto",
-              init_from: Optional[str] = None, log=print) -> dict:
+              init_from: Optional[str] = None, feature_layers: Sequence[int] = (), log=print) -> dict:
     """``quantization``: how the target is loaded for the feature pass and the engine
     validation (``LLM``'s option; the head learns the features of the target as it is
     served); the frozen embedding and lm_head the head trains against are float.
-    ``init_from``: a head directory of the same layout to start from (fine-tuning)."""
+    ``init_from``: a head directory of the same layout to start from (fine-tuning; a head
+    without ``feature_layers`` may start one with them: its fusion starts at zero); its
+    draft vocabulary is kept unless ``draft_vocab_size`` asks for a new one.
+    ``feature_layers``: target layers the head reads besides the final states (EAGLE-3
+    style fused features, ``models.mtp.FeatureFusion``)."""
     cfg = cfg or TrainConfig()
     bad = [f for f in formats if f not in EXPORT_FORMATS]
     if bad:
@@ -116,26 +120,37 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
         f"({train_win.drafted.mean():.0%} of the training positions drafted)")
     fp, tok_fp = checkpoint_fingerprint(target_dir), tokenizer.fingerprint()
     feature_fp = fp if quant == "none" else f"{fp}-{quant}"   # features of the quantized target differ
-    for name, win in (("train", train_win), ("val", val_win)):
-        compute_features(feature_target, win, os.path.join(work, "features", name), feature_fp, tok_fp,
-                         feature_dtype, log=log)
-    del feature_target
-    train_fs = FeatureSet(os.path.join(work, "features", "train"), feature_fp)
-    val_fs = FeatureSet(os.path.join(work, "features", "val"), feature_fp)
     head_cfg = copy.deepcopy(target.config)
     head_cfg.num_hidden_layers = 1
-    head = MTPHead(head_cfg, layout).bind(target)
+    head = MTPHead(head_cfg, layout, feature_layers).bind(target)   # checks the layers against the target
+    features = "features" + "".join(f"-{x}" for x in head.feature_layers)   # a directory per set of layers
+    for name, win in (("train", train_win), ("val", val_win)):
+        compute_features(feature_target, win, os.path.join(work, features, name), feature_fp, tok_fp,
+                         feature_dtype, log=log, feature_layers=head.feature_layers)
+    del feature_target
+    train_fs = FeatureSet(os.path.join(work, features, "train"), feature_fp)
+    val_fs = FeatureSet(os.path.join(work, features, "val"), feature_fp)
     if init_from:
         start = read_mtp_head(init_from, target.config, compact_weights=False)
         if start.layout != layout:
             raise ValueError(f"{init_from}: the head has the {start.layout} layout, this run trains {layout}")
-        head.load_state_dict(start.state_dict())
+        if start.feature_layers not in ((), head.feature_layers):
+            raise ValueError(f"{init_from}: the head reads target layers {list(start.feature_layers)}, this run "
+                             f"trains one reading {list(head.feature_layers)}")
+        missing, _ = head.load_state_dict(start.state_dict(), strict=False)
+        if any(not k.startswith("fusion.") for k in missing):
+            raise ValueError(f"{init_from}: the head lacks {missing[0]}")
         log(f"starting from the head in {init_from}")
     ids = coverage = None
+    drafted = train_win.tokens[train_win.drafted]
     if draft_vocab_size:   # the head proposes from these tokens only, so it is trained over them
-        ids, coverage = frequent_tokens(train_win.tokens[train_win.drafted], target.config.vocab_size,
-                                        draft_vocab_size)
+        ids, coverage = frequent_tokens(drafted, target.config.vocab_size, draft_vocab_size)
         log(f"draft vocabulary: the {len(ids)} most frequent tokens cover {coverage:.1%} of the training tokens")
+    elif init_from and start.draft_vocab is not None:   # fine-tuning keeps the head's vocabulary
+        ids = start.draft_vocab.cpu()
+        coverage = float(np.isin(drafted, ids.numpy()).mean())
+        draft_vocab_size = len(ids)
+        log(f"draft vocabulary of {init_from}: {len(ids)} tokens, {coverage:.1%} of the training tokens")
     history = train_head(head, train_fs, val_fs, cfg, os.path.join(work, f"train-{layout}"), resume, log, ids)
     head.eval()
     if ids is not None:
@@ -145,6 +160,7 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
             "seq_len": seq_len, "train_windows": len(train_win), "val_windows": len(val_win),
             "train": history["config"], "final_val": history["val"][-1] if history["val"] else None,
             "num_params": sum(p.numel() for p in head.parameters()),
+            "feature_layers": list(head.feature_layers),
             "draft_vocab_size": draft_vocab_size or None, "draft_vocab_coverage": coverage,
             "export_dtype": export_dtype}
     export_head(head, out, "sonarspec", target.config.num_hidden_layers, info, export_dtype)
