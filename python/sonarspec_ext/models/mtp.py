@@ -54,9 +54,9 @@ class FeatureFusion(nn.Module):
         if streams.dim() != 3 or streams.shape[1] != len(self.layers) or streams.shape[0] != final.shape[0]:
             raise ValueError(f"expected streams of shape [{final.shape[0]}, {len(self.layers)}, hidden], "
                              f"got {list(streams.shape)}")
-        dtype = self.norms[0].weight.dtype
-        normed = [norm(streams[:, j].to(dtype).contiguous()) for j, norm in enumerate(self.norms)]
-        return final + self.proj(torch.cat(normed, dim=-1)).to(final.dtype)
+        weights = torch.stack([norm.weight for norm in self.norms])   # (layers, hidden): one norm call for all
+        normed = F.rms_norm(streams.to(weights.dtype), weights.shape[1:], eps=self.norms[0].eps) * weights
+        return final + self.proj(normed.reshape(streams.shape[0], -1)).to(final.dtype)
 
 
 class MTPHead(nn.Module):
