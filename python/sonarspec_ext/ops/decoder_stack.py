@@ -172,10 +172,12 @@ class DecoderStack:
         check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2, device=torch.device("cpu"))
         if not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
-        layers = torch.tensor(list(capture), dtype=torch.int64)
-        if layers.numel() and not bool(((layers >= 0) & (layers < len(self.layers))).all()):
-            raise ValueError(f"captured layers {list(capture)} must lie in [0, {len(self.layers)})")
-        captured = torch.empty(m, layers.numel(), self.hidden)
+        layers = captured = None   # built only when asked for: every decode step calls this
+        if capture:
+            if not all(0 <= i < len(self.layers) for i in capture):
+                raise ValueError(f"captured layers {list(capture)} must lie in [0, {len(self.layers)})")
+            layers = torch.tensor(list(capture), dtype=torch.int64)
+            captured = torch.empty(m, len(capture), self.hidden)
         out = x.clone(memory_format=torch.contiguous_format)
         try:
             bad = self._native.forward(
@@ -184,10 +186,11 @@ class DecoderStack:
                 page_size,
                 token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(),
                 0 if tree_begin is None else tree_begin.data_ptr(), 0 if tree_mask is None else tree_mask.data_ptr(),
-                out.data_ptr(), native_threads(), layers.data_ptr(), layers.numel(), captured.data_ptr())
+                out.data_ptr(), native_threads(), 0 if layers is None else layers.data_ptr(), len(capture),
+                0 if captured is None else captured.data_ptr())
         except IndexError as e:
             raise ValueError(str(e)) from None
         if bad:
             raise ValueError(f"DecoderStack: {bad} token-layers had a KV slot past the pools or attended to no "
                              f"key (token_seq, block_table page ids or key ranges out of range)")
-        return (out, captured) if layers.numel() else out
+        return out if captured is None else (out, captured)

@@ -81,7 +81,7 @@ def run_native_stack(stack: DecoderStack, model, input_ids: torch.Tensor, positi
         return stack.forward(x, positions, meta.slot_mapping, meta.block_table, meta.page_size, *meta.native,
                              features=features, capture=capture)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    captured = torch.empty(n, len(capture), x.shape[1])
+    captured = torch.empty(n, len(capture), x.shape[1]) if capture else None
     for r in range(0, n, step):
         rows = slice(r, min(n, r + step))
         res = stack.forward(x[rows], positions[rows], meta.slot_mapping[rows], meta.block_table,
