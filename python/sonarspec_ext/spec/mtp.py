@@ -30,7 +30,10 @@ class _HeadState:
     valid: int                              # head KV positions 0 .. valid-1 hold accurate entries
     logits: Optional[torch.Tensor] = None   # predicts token ``valid + 1``
     feature: Optional[torch.Tensor] = None  # predicted target feature at position ``valid``
-    pending: Optional[torch.Tensor] = None  # target features of positions valid.. not yet run (paused steps)
+    # target features of positions valid.. not yet run (paused steps): one block per step, joined
+    # once speculation resumes (appending to one tensor would copy it every paused step)
+    pending: Optional[List[torch.Tensor]] = None
+    pending_rows: int = 0                   # their rows in all
 
 
 class MTPProposer(ChainDrafter):
@@ -74,18 +77,20 @@ class MTPProposer(ChainDrafter):
         for r in records:
             seq, st = r.seq, self.state.get(r.seq.seq_id)
             valid = 0 if st is None else st.valid
-            start, hidden = r.start, r.hidden
-            if st is not None and st.pending is not None:   # features held back by paused steps
-                start, hidden = valid, torch.cat([st.pending, r.hidden])
-                gap = valid + len(st.pending) != r.start
-            else:
-                gap = r.start > valid
+            held = st.pending if st is not None and st.pending else []   # features held back by paused steps
+            start = valid if held else r.start
+            gap = valid + st.pending_rows != r.start if held else r.start > valid
             if gap or r.hidden is None or not len(r.hidden):
                 self.state.pop(seq.seq_id, None)   # a gap in the head's KV: stop drafting for it
                 continue
-            if self.step.paused and r.decoded and st is not None:
-                self.state[seq.seq_id] = _HeadState(valid, pending=hidden)   # run it once speculation resumes
+            if self.step.paused and r.decoded and st is not None:   # run them once speculation resumes
+                if held:
+                    held.append(r.hidden)
+                    st.pending_rows += len(r.hidden)
+                else:
+                    self.state[seq.seq_id] = _HeadState(valid, pending=[r.hidden], pending_rows=len(r.hidden))
                 continue
+            hidden = torch.cat(held + [r.hidden]) if held else r.hidden
             m = hidden.shape[0]
             rows.append(RefillRow(seq, start, seq.all_ids[start + 1:start + 1 + m], hidden, r.at_end))
         self.queue_refills(rows)
