@@ -174,6 +174,8 @@ def main() -> None:
                    "quantization": args.quantization, "startup_s": startup, "engine_busy_fraction": busy,
                    "engine_step_p50_s": step, "itl_over_step": measured["itl_p50_s"] / step - 1,
                    "client_process": args.client_process, **measured}
+            if llm.engine.spec_control is not None:   # cumulative over the concurrencies so far
+                row["adaptive_speculation"] = llm.engine.spec_control.summary()
             rows.append(row)
             print(f"{spec:6s} c={c:3d}: {row['requests_per_s']:.2f} req/s, {row['output_tok_s']:.1f} tok/s, "
                   f"per stream {row['per_stream_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_s'] * 1e3:.0f} ms "

@@ -4,7 +4,7 @@ never changes tokens."""
 import pytest
 
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
-from sonarspec_ext.engine.spec_control import BatchSpeculationControl, SpeculationControl
+from sonarspec_ext.engine.spec_control import BatchSpeculationControl, SpeculationControl, geometric_acceptance
 
 
 def simulate(spec_tok_s: float, plain_tok_s: float, steps: int = 3000) -> SpeculationControl:
@@ -16,28 +16,63 @@ def simulate(spec_tok_s: float, plain_tok_s: float, steps: int = 3000) -> Specul
     return c
 
 
+def world(fixed: float, per_row: float, per_draft: float, acceptance: float, batch: int = 1):
+    """A simulated machine: a step over ``batch`` sequences drafting K tokens each takes
+    fixed + per_row * batch * (1 + K) + per_draft * batch * K seconds and gives each
+    sequence 1 + a + ... + a^K tokens (geometric acceptance a)."""
+    def step(k: int):
+        return (fixed + per_row * batch * (1 + k) + per_draft * batch * k,
+                batch * sum(acceptance ** i for i in range(k + 1)))
+    return step
+
+
+def run(c: SpeculationControl, step, steps: int, batch: int = 1) -> None:
+    for _ in range(steps):
+        seconds, tokens = step(c.mode)
+        c.record(seconds, tokens, measured=True, sequences=batch)
+
+
 def test_the_fastest_draft_length_wins():
-    """Modes 3, 2, 1, 0 at 120 / 150 / 130 / 100 tok/s: K = 2 runs most steps, its
-    neighbours 3 and 1 and plain decoding are still probed."""
-    rates = {3: 120.0, 2: 150.0, 1: 130.0, 0: 100.0}
+    """One stream, memory-bound: 10 ms a step plus 3 ms a draft token, acceptance 0.7 -
+    K = 3 / 2 / 1 / 0 at 133 / 137 / 131 / 100 tok/s. K = 2 runs most steps; its
+    neighbours 3 and 1 (predicted within the margin) and plain decoding are still probed."""
     c = SpeculationControl(modes=(3, 2, 1, 0))
-    for _ in range(4000):
-        c.record(1 / rates[c.mode], 1, measured=True)
+    run(c, world(0.010, 0.0, 0.003, 0.7), 4000)
     assert c.winner == 2 and c.steps[2] > 0.85 * sum(c.steps.values())
-    assert all(c.steps[m] > 0 for m in rates)
-    assert c.rates[2] == pytest.approx(150.0)
+    assert all(c.steps[m] > 0 for m in c.modes)
+    assert c.rates[2] == pytest.approx(2.19 / 0.016)
+    acceptance, slope = c.model()
+    assert acceptance == pytest.approx(0.7) and slope == pytest.approx(0.003)
 
 
-def test_a_new_controller_surveys_every_mode_briefly_first():
-    """Where plain decoding is twice as fast (many streams on a CPU), a short run pays for
-    one probe of each draft length (probe_steps measured steps, plus the first step after
-    a switch), not for a whole phase of the configured one."""
-    rates = {2: 300.0, 1: 450.0, 0: 600.0}
+def test_a_new_controller_measures_its_start_and_plain_decoding_then_prices_the_rest():
+    """64 streams on a CPU, where a verification row costs as much as a decoding one: a short
+    run pays for one probe of the start length and measures plain decoding; the cost model
+    (fitted to those two) prices K = 1 far below plain decoding and skips its probe - and
+    keeps skipping the winner's probes until its phases reach their longest."""
+    step = world(0.005, 0.001, 0.0003, 0.7, batch=64)
     c = SpeculationControl(modes=(2, 1, 0))
-    survey = 2 * c.probe_steps + 1
-    for _ in range(survey + c.phase_steps):   # the survey, then the winner's first phase
-        c.record(1 / rates[c.mode], 1, measured=True)
-    assert c.winner == 0 and c.steps == {2: c.probe_steps, 1: c.probe_steps + 1, 0: c.phase_steps}
+    run(c, step, 900, batch=64)
+    assert c.winner == 0 and c.steps[2] == c.probe_steps and c.steps[1] == 0 and c.skipped >= 4
+    seconds, tokens = step(1)
+    assert c.predicted_rate(1) == pytest.approx(tokens / seconds)   # the model is exact in its own world
+    run(c, step, 2000, batch=64)   # past the longest phase, K = 1 is measured after all
+    assert c.steps[1] > 0 and c.winner == 0
+
+
+def test_the_survey_probes_what_the_model_cannot_rule_out():
+    """Drafts that are nearly free (a memory-bound GPU step): every length is predicted to
+    win, so the climb measures them, and the longest wins."""
+    c = SpeculationControl(modes=(1, 2, 3, 0))
+    run(c, world(0.010, 0.00001, 0.0001, 0.8, batch=8), 3000, batch=8)
+    assert c.winner == 3 and all(c.steps[m] > 0 for m in c.modes)
+
+
+def test_the_acceptance_fit():
+    for a in (0.0, 0.3, 0.7, 0.95):
+        for k in (1, 2, 5):
+            assert geometric_acceptance(sum(a ** i for i in range(k + 1)), k) == pytest.approx(a, abs=1e-6)
+    assert geometric_acceptance(0.5, 3) == 0.0 and geometric_acceptance(9.0, 3) == pytest.approx(0.999)
 
 
 @pytest.mark.parametrize("spec,plain", [(150.0, 100.0), (80.0, 100.0), (60.0, 200.0)])
@@ -123,3 +158,20 @@ def test_a_new_class_climbs_from_its_neighbours_verdict():
     for _ in range(60):
         new.record(1 / rates[new.mode], 1, measured=True)
     assert new.winner == 0 and new.steps[1] > 0 and new.steps[2] == new.steps[3] == new.steps[4] == 0
+
+
+def test_a_larger_class_borrows_the_cost_model_and_starts_plain():
+    """Speculation wins for one stream and loses badly for 40 (each sequence's drafts cost
+    as much there as at batch 1, its plain step far less): the 40-stream class starts from
+    plain decoding with the 1-stream class's model and never speculates; where drafts stay
+    cheap at 40 streams, the borrowed model lets it probe them, and they win there too."""
+    for per_draft, spec_wins in ((0.003, False), (0.00002, True)):
+        c = BatchSpeculationControl(modes=(2, 1, 0))
+        one = c.for_batch(1)
+        run(one, world(0.010, 0.0, per_draft if spec_wins else 0.001, 0.7), 500)
+        assert one.winner > 0
+        big = c.for_batch(40)
+        assert big.mode == 0 and big.prior == one.model()
+        run(big, world(0.010, 0.0002, per_draft, 0.7, batch=40), 300, batch=40)
+        assert (big.winner > 0) == spec_wins
+        assert (big.steps[1] + big.steps[2] == 0) == (not spec_wins)

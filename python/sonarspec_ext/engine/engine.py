@@ -229,7 +229,7 @@ class Engine:
         self.num_steps += 1
         if control is not None and decoding:
             control.record(time.perf_counter() - t0, sum(seq.num_tokens for seq in decoding) - before,
-                           measured=len(decoding) == len(batch))
+                           measured=len(decoding) == len(batch), sequences=len(decoding))
         if self._plan_ahead_possible():
             self._next_plan = self.planner.schedule_async(self.proposer.lookahead)
         return got_tokens

@@ -1,40 +1,70 @@
 """Speculation that pays for itself: each decoding step drafts as many tokens as have
-measured the highest throughput on this machine, model and traffic - possibly none.
+measured (or, from those measurements, are predicted to give) the highest throughput on
+this machine, model and traffic - possibly none.
 
 The modes are draft lengths, the configured one first, 0 meaning plain decoding. The
 controller assumes throughput is unimodal in the draft length over K >= 1 (it rises while
-the drafts' acceptance outweighs their cost, then falls) and climbs to the peak: it first
-surveys the start mode and then, ``probe_steps`` measured steps each, the unmeasured
-neighbours of the fastest mode so far - the lengths next to it, and plain decoding -
-until all of them are measured slower; so a short run where speculation loses (64 streams
-on a CPU, started from plain decoding) pays for one probe, not for every length. Then
-decoding alternates between exploiting the fastest mode and briefly probing a neighbour:
-``phase_steps`` steps of the current winner, then ``probe_steps`` of the next neighbour in
-turn, after which the faster of the two runs; the winner's phases double (up to
-``max_phase_steps``) each time a probe confirms it. A mode's rate is the output tokens per
-second of the decode-only steps it ran (steps that also prefill are not comparable and are
-not measured), averaged over its phases with weight ``decay`` on the past. Every mode gives
-the same tokens (speculation is lossless), so the choice only moves speed: at worst a
-probe's share of steps runs a slower mode.
+the drafts' acceptance outweighs their cost, then falls) and climbs to the peak: it
+surveys the start mode, then plain decoding (the baseline every draft must beat), then,
+``probe_steps`` measured steps each, the unmeasured neighbours of the fastest mode so far,
+until all of them are measured slower. Then decoding alternates between exploiting the
+fastest mode and briefly probing a neighbour: ``phase_steps`` steps of the current winner,
+then ``probe_steps`` of the next neighbour in turn, after which the faster of the two
+runs; the winner's phases double (up to ``max_phase_steps``) each time a probe confirms it.
+
+A cost model spares the probes that cannot win. Per sequence and step, a mode gives
+``e(K)`` tokens and takes ``u(K)`` seconds; with plain decoding and a draft length measured,
+``u`` is the line through them (each draft token adds verification rows and drafting work
+to every sequence, so a step costs more in proportion) and ``e`` follows the acceptance
+``a`` of a geometric fit, ``e(K) = (1 - a^(K+1)) / (1 - a)``. A probe whose predicted rate
+``e/u`` is below ``1 - margin`` of the winner's measured one is skipped as if it had lost
+(the phase still doubles), except once a phase has reached ``max_phase_steps``: then it
+runs, so a changed regime is noticed. On a CPU with many streams, where a verification
+row costs as much as a decoding one, this leaves one cheap survey instead of a probe of
+every length.
+
+A mode's rate is the output tokens per second of the decode-only steps it ran (steps that
+also prefill are not comparable and are not measured), averaged over its phases with
+weight ``decay`` on the past. Every mode gives the same tokens (speculation is lossless),
+so the choice only moves speed: at worst a probe's share of steps runs a slower mode.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
+
+
+def geometric_acceptance(tokens: float, k: int) -> float:
+    """The per-token acceptance a at which K drafts give ``tokens`` per step on average,
+    ``1 + a + ... + a^K`` (solved by bisection; clamped to [0, 0.999])."""
+    lo, hi = 0.0, 0.999
+    if tokens <= 1.0:
+        return lo
+    if tokens >= sum(hi ** i for i in range(k + 1)):
+        return hi
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if sum(mid ** i for i in range(k + 1)) < tokens else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 class SpeculationControl:
     def __init__(self, modes: Sequence[int] = (1, 0), phase_steps: int = 16, probe_steps: int = 4,
-                 max_phase_steps: int = 512, decay: float = 0.5):
+                 max_phase_steps: int = 512, decay: float = 0.5, margin: float = 0.15):
         if (min(phase_steps, probe_steps) < 1 or max_phase_steps < phase_steps or not 0 <= decay < 1
-                or len(modes) < 2 or len(set(modes)) != len(modes) or min(modes) < 0):
+                or len(modes) < 2 or len(set(modes)) != len(modes) or min(modes) < 0 or not 0 <= margin < 1):
             raise ValueError("SpeculationControl needs two or more distinct draft lengths >= 0, phase_steps, "
-                             "probe_steps >= 1, max_phase_steps >= phase_steps and 0 <= decay < 1")
+                             "probe_steps >= 1, max_phase_steps >= phase_steps, 0 <= decay < 1 and "
+                             "0 <= margin < 1")
         self.modes = tuple(modes)
         self._ladder = sorted(self.modes)   # the modes by draft length: neighbours are adjacent
-        self.phase_steps, self.probe_steps, self.max_phase_steps, self.decay = (
-            phase_steps, probe_steps, max_phase_steps, decay)
+        self.phase_steps, self.probe_steps, self.max_phase_steps, self.decay, self.margin = (
+            phase_steps, probe_steps, max_phase_steps, decay, margin)
         self.rates: Dict[int, Optional[float]] = dict.fromkeys(self.modes)   # draft length -> tokens/s
+        # draft length -> (tokens, seconds) per sequence and step, averaged like the rates
+        self.per_sequence: Dict[int, Optional[Tuple[float, float]]] = dict.fromkeys(self.modes)
+        self.prior: Optional[Tuple[float, float]] = None   # (acceptance, slope) from elsewhere
         self.steps: Dict[int, int] = dict.fromkeys(self.modes, 0)            # decode steps run in each mode
+        self.skipped = 0              # probes the cost model spared
         self.winner = self.modes[0]   # the configured draft length until measured otherwise
         self.mode = self.winner       # the next step's
         self._surveying = True        # climbing to the fastest mode, before the first phase
@@ -43,20 +73,25 @@ class SpeculationControl:
         self._exploit = phase_steps   # length of the winner's next phase
         self._seconds = 0.0
         self._tokens = 0
+        self._sequences = 0
         self._fresh = False           # the next step is the first after a switch
 
-    def start_with(self, mode: int) -> None:
-        """Start the survey from ``mode`` (a verdict from elsewhere) instead."""
+    def start_with(self, mode: int, prior: Optional[Tuple[float, float]] = None) -> None:
+        """Start the survey from ``mode`` (a verdict from elsewhere) instead; ``prior``:
+        the (acceptance, slope) of another controller's cost model, used until this one
+        has its own."""
         if self.rates[self.mode] is None:
             self.winner = self.mode = mode
+            self.prior = prior
 
     def _neighbours(self, mode: int) -> List[int]:
-        """The modes next to ``mode`` in draft length, the shorter first, and plain decoding:
-        it has no drafting cost at all, so a drafter's fixed cost per step can make K = 1
-        slower than both plain decoding and K = 2 (throughput is unimodal over K >= 1)."""
+        """Plain decoding and the modes next to ``mode`` in draft length, the shorter first:
+        plain decoding has no drafting cost at all, so a drafter's fixed cost per step can
+        make K = 1 slower than both plain decoding and K = 2 (throughput is unimodal over
+        K >= 1); and it is the baseline the cost model prices the drafts from."""
         i = self._ladder.index(mode)
         near = [self._ladder[j] for j in (i - 1, i + 1) if 0 <= j < len(self._ladder)]
-        return near + [0] if mode != 0 and 0 in self.modes and 0 not in near else near
+        return [0] + near if mode != 0 and 0 in self.modes and 0 not in near else near
 
     @property
     def probing(self) -> bool:
@@ -67,10 +102,40 @@ class SpeculationControl:
         """Whether the next step drafts at all."""
         return self.mode != 0
 
-    def record(self, seconds: float, tokens: int, measured: bool) -> None:
-        """One step's wall time and output tokens; ``measured``: a decode-only step. The first
-        step of a phase is not measured: it pays for the switch (a drafter catching up on the
-        tokens decoded without it)."""
+    def model(self) -> Optional[Tuple[float, float]]:
+        """(acceptance, slope): the geometric acceptance fitted to the measured draft lengths'
+        tokens per sequence and step (their mean), and the seconds per sequence and step each
+        draft token adds (the least-squares line through the measured modes, plain decoding
+        included, at least 0). The prior until plain decoding and a draft length are measured."""
+        measured = {m: v for m, v in self.per_sequence.items() if v is not None}
+        spec = [m for m in measured if m > 0]
+        if not spec or 0 not in measured:
+            return self.prior
+        acceptance = sum(geometric_acceptance(measured[m][0], m) for m in spec) / len(spec)
+        mean_k = sum(measured) / len(measured)
+        mean_u = sum(u for _, u in measured.values()) / len(measured)
+        slope = (sum((k - mean_k) * (measured[k][1] - mean_u) for k in measured)
+                 / sum((k - mean_k) ** 2 for k in measured))
+        return acceptance, max(slope, 0.0)
+
+    def predicted_rate(self, mode: int) -> Optional[float]:
+        """A mode's measured tokens/s, else the cost model's prediction (None: too little known)."""
+        if self.rates[mode] is not None:
+            return self.rates[mode]
+        model = self.model()
+        if model is None or self.per_sequence.get(0) is None:
+            return None
+        acceptance, slope = model
+        return sum(acceptance ** i for i in range(mode + 1)) / (self.per_sequence[0][1] + slope * mode)
+
+    def _worth_probing(self, mode: int) -> bool:
+        rate = self.predicted_rate(mode)
+        return rate is None or rate >= (1 - self.margin) * self.rates[self.winner]
+
+    def record(self, seconds: float, tokens: int, measured: bool, sequences: int = 1) -> None:
+        """One step's wall time and output tokens over its ``sequences`` decoding sequences;
+        ``measured``: a decode-only step. The first step of a phase is not measured: it pays
+        for the switch (a drafter catching up on the tokens decoded without it)."""
         mode = self.mode
         self.steps[mode] += 1
         if self._fresh:
@@ -80,18 +145,24 @@ class SpeculationControl:
             return
         self._seconds += seconds
         self._tokens += tokens
+        self._sequences += max(sequences, 1)
         self._left -= 1
         if self._left > 0:
             return
-        rate = self._tokens / self._seconds
-        old = self.rates[mode]
-        self.rates[mode] = rate if old is None else self.decay * old + (1 - self.decay) * rate
-        self._seconds, self._tokens = 0.0, 0
+        now = (self._tokens / self._sequences, self._seconds / self._sequences)
+        old = self.per_sequence[mode]
+        tokens_per, seconds_per = now if old is None else (
+            self.decay * o + (1 - self.decay) * n for o, n in zip(old, now))
+        self.per_sequence[mode] = (tokens_per, seconds_per)
+        self.rates[mode] = tokens_per / seconds_per
+        self._seconds, self._tokens, self._sequences = 0.0, 0, 0
         if self._surveying:   # climb: the fastest so far, and its neighbours not yet measured
             self.winner = max((m for m in self.modes if self.rates[m] is not None), key=lambda m: self.rates[m])
             todo = [m for m in self._neighbours(self.winner) if self.rates[m] is None]
-            self._surveying = bool(todo)
-            self.mode, self._left = (todo[0], self.probe_steps) if todo else (self.winner, self._exploit)
+            worth = [m for m in todo if self._worth_probing(m)]
+            self.skipped += len(todo) - len(worth)
+            self._surveying = bool(worth)
+            self.mode, self._left = (worth[0], self.probe_steps) if worth else (self.winner, self._exploit)
         elif self.probing:   # the probe's verdict: the faster mode runs next, longer if it won again
             if self.rates[mode] > self.rates[self.winner]:
                 self.winner, self._exploit = mode, self.phase_steps
@@ -99,17 +170,31 @@ class SpeculationControl:
                 self._exploit = min(self.max_phase_steps, 2 * self._exploit)
             self.mode, self._left = self.winner, self._exploit
         else:                 # the winner's phase is over: probe one of its neighbours
-            near = self._neighbours(self.winner)
-            self.mode, self._left = near[self._probe % len(near)], self.probe_steps
-            self._probe += 1
+            self.mode, self._left = self._next_probe()
         self._fresh = self.mode != mode
+
+    def _next_probe(self) -> Tuple[int, int]:
+        """(mode, steps) after the winner's phase: the next neighbour's probe - or, if the
+        cost model says it loses and the phases are not yet at their longest, the winner's
+        next phase, doubled as if the probe had confirmed it."""
+        near = self._neighbours(self.winner)
+        mode = near[self._probe % len(near)]
+        self._probe += 1
+        if self._exploit < self.max_phase_steps and not self._worth_probing(mode):
+            self.skipped += 1
+            self._exploit = min(self.max_phase_steps, 2 * self._exploit)
+            return self.winner, self._exploit
+        return mode, self.probe_steps
 
 
 class BatchSpeculationControl:
     """One ``SpeculationControl`` per size class of the decoding batch (1, 2-3, 4-7, ...,
     32 and more sequences): speculation that pays for one stream rarely pays for 32, so each
     class learns its own winner, and the losing modes' probes there grow rare. A class seen
-    for the first time starts its survey from the winner of the nearest class already seen."""
+    for the first time starts its survey from plain decoding with the cost model of the
+    nearest smaller class that has one (a larger batch's drafts cost at least as much per
+    sequence, so the borrowed model errs towards probing them); without one, from the
+    winner of the nearest class already seen."""
 
     def __init__(self, **kwargs):
         self._kwargs = kwargs
@@ -118,17 +203,21 @@ class BatchSpeculationControl:
 
     def for_batch(self, num_decoding: int) -> SpeculationControl:
         c = min(max(num_decoding, 1).bit_length(), 6)
-        if c not in self.classes:   # a new class starts with the winner of the nearest class seen
+        if c not in self.classes:
             new = SpeculationControl(**self._kwargs)
             if self.classes:
-                new.start_with(self.classes[min(self.classes, key=lambda k: (abs(k - c), k))].winner)
+                smaller = [k for k in self.classes if k < c and self.classes[k].model() is not None]
+                prior = self.classes[max(smaller)].model() if smaller and 0 in new.modes else None
+                nearest = self.classes[min(self.classes, key=lambda k: (abs(k - c), k))]
+                new.start_with(0 if prior is not None else nearest.winner, prior)
             self.classes[c] = new
         return self.classes[c]
 
     def summary(self) -> dict:
-        """Decode steps run speculating and plainly, and per class each draft length's
-        measured tokens/s (0: plain decoding)."""
+        """Decode steps run speculating and plainly, probes the cost model spared, and per
+        class each draft length's measured tokens/s (0: plain decoding)."""
         steps = [c.steps for c in self.classes.values()]
         return {"speculating_steps": sum(n for s in steps for m, n in s.items() if m),
                 "plain_steps": sum(s.get(0, 0) for s in steps),
+                "skipped_probes": sum(c.skipped for c in self.classes.values()),
                 "classes": {f"{1 << (k - 1)}+": dict(c.rates) for k, c in sorted(self.classes.items())}}
