@@ -146,6 +146,7 @@ class LLM:
         return {
             **self.engine.finished.summary(),
             "num_engine_steps": self.engine.num_steps,
+            "decode_steps": dict(self.engine.decode_steps),
             "timing": {k: self.engine.timing[k] for k in TIMING_KEYS},
             "execution": {name: dict(r.policy.counts) for name, r in zip(("target", "drafter"), self.engine.runners())},
             **({"adaptive_speculation": self.engine.spec_control.summary()}

@@ -81,6 +81,33 @@ def test_pages_return_after_random_requests_aborts_and_preemption(llama_dir, dra
     assert eng.finished.totals["num_preemptions"] > 0
 
 
+def test_steps_speculated_and_paused_are_counted(llama_dir, draft_dir):
+    """Engine.decode_steps (the server's sonarspec_spec_engine_steps) counts the steps that
+    drafted and those spec_max_batch=2 ran plainly: checked against the number of decoding
+    requests at each step (those already holding an output token), recorded by the proposer."""
+    from sonarspec_ext.server.metrics import Metrics
+    llm = LLM(llama_dir, spec=SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=3),
+              spec_max_batch=2)
+    eng, seen = llm.engine, []
+    real = eng.proposer.propose
+
+    def propose(seqs, ks):
+        seen.append((sum(1 for s in eng.seqs.values() if not s.finished and s.output_ids), len(seqs)))
+        return real(seqs, ks)
+    eng.proposer.propose = propose
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (6, 10, 14, 30)]
+    llm.generate(prompts(4, seed=71), params)
+    paused = sum(1 for decoding, _ in seen if decoding > 2)
+    drafted = sum(1 for decoding, n in seen if decoding <= 2 and n > 0)
+    assert paused > 5 and drafted > 5 and eng.decode_steps == {"speculating": drafted, "paused": paused}
+    metrics = Metrics()
+    metrics.set_engine_state(eng, 0)
+    metrics.set_engine_state(eng, 0)   # counts already exported are not added again
+    text = metrics.render().decode()
+    assert f'sonarspec_spec_engine_steps_total{{kind="paused"}} {float(paused)}' in text
+    assert f'sonarspec_spec_engine_steps_total{{kind="speculating"}} {float(drafted)}' in text
+
+
 def _record_proposals(llm):
     """Wraps the proposer: returns a list that collects (seq_id, num_tokens, draft ids)."""
     log, real = [], llm.engine.proposer.propose

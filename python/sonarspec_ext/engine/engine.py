@@ -97,6 +97,9 @@ class Engine:
         self.spec_control = (BatchSpeculationControl(modes=self._adaptive_modes())
                              if c.adaptive_speculation and speculating else None)
         self.num_steps = 0
+        # steps with decoding sequences of a speculating engine: drafted for some, or paused by
+        # the load control (spec_max_batch, adaptive speculation)
+        self.decode_steps = {"speculating": 0, "paused": 0}
         self.output = OutputProcessor(self.tokenizer, self.planner, self.proposer, self.max_model_len)
         self.finished = self.output.finished   # statistics of finished requests, as running totals
         self._step_seq_ids: List[int] = []   # the running step's sequences (failed together if it raises)
@@ -227,6 +230,8 @@ class Engine:
         self.timing["plan"] += t1 - t0
         self.timing["draft"] += t2 - t1
         self.num_steps += 1
+        if decoding and self.spec.method != "none" and (self.step_context.paused or decode):
+            self.decode_steps["paused" if self.step_context.paused else "speculating"] += 1
         if control is not None and decoding:
             control.record(time.perf_counter() - t0, sum(seq.num_tokens for seq in decoding) - before,
                            measured=len(decoding) == len(batch), sequences=len(decoding))

@@ -1,5 +1,6 @@
 """Prometheus metrics of the server (``GET /metrics``), with the speculation metrics:
-drafted and accepted tokens, acceptance per draft position, steps that speculated."""
+drafted and accepted tokens, acceptance per draft position, steps that speculated and steps
+that the load control ran plainly."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -34,6 +35,10 @@ class Metrics:
                                    ["position"], registry=r)
         self.acceptance_length = Gauge(p + "spec_acceptance_length",
                                        "Tokens per decode step over finished requests (tau)", registry=r)
+        self.engine_steps = Counter(p + "spec_engine_steps", "Engine steps with decoding sequences: drafted "
+                                    "(speculating) or run plainly by the load control (paused)", ["kind"],
+                                    registry=r)
+        self._engine_steps = {}   # the engine's counts already exported
         self._steps = self._accepted = 0
 
     def record_finished(self, done, latency_s: float) -> None:
@@ -58,6 +63,9 @@ class Metrics:
         total = engine.kv_cache.num_pages
         self.kv_pages_total.set(total)
         self.kv_pages_used.set(total - planner.num_free_pages)
+        for kind, n in engine.decode_steps.items():
+            self.engine_steps.labels(kind=kind).inc(n - self._engine_steps.get(kind, 0))
+            self._engine_steps[kind] = n
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
