@@ -98,8 +98,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     first checked equal to plain decoding (on the CPU a difference is an error; on CUDA,
     where torch's GEMMs and SDPA may round a verification pass differently from a decoding
     one, the agreement is recorded); timing rounds are interleaved across schemes (round r
-    times every scheme once) so machine noise hits all of them alike; the reported time is
-    each scheme's median over the rounds. ``trees``: (depth, top_k, num_nodes) of the
+    times every scheme once, starting from the r-th) so machine noise hits all of them
+    alike; the reported time is each scheme's median over the rounds. ``trees``: (depth, top_k, num_nodes) of the
     EAGLE trees to run with the MTP head. ``temperature`` > 0 samples (seeded per prompt)
     instead: outputs then differ between schemes by design (the tests check the sampled
     distributions), and agreement is not checked. ``draft="default"``: the draft model that
@@ -140,8 +140,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                 raise RuntimeError(f"{name} output differs from plain greedy decoding; not timing")
             llms[name].engine.finished.clear()
         times = {name: [] for name, _ in schemes}
-        for _ in range(repeats):
-            for name, _ in schemes:
+        for r in range(repeats):   # round r starts at scheme r: no scheme always runs first
+            for name, _ in schemes[r % len(schemes):] + schemes[:r % len(schemes)]:
                 t0 = time.perf_counter()
                 _run_llm(llms[name], prompts, params, bs)
                 times[name].append(time.perf_counter() - t0)
@@ -151,6 +151,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
             tok_s = len(prompts) * max_tokens / statistics.median(times[name])
             rows.append({"batch_size": bs, "scheme": name, "tok_s": round(tok_s, 1),
                          "speedup": round(tok_s / base, 3), "tau": round(s["acceptance_length"], 3),
+                         "round_s": [round(t, 3) for t in times[name]],
                          "accepted_per_position": [round(a, 3) for a in s["accepted_per_position"]],
                          **({} if sampled else {"greedy_agreement": f"{agree[name]}/{len(ref)}"}),
                          **({k: s["adaptive_speculation"][k] for k in ("speculating_steps", "plain_steps")}
@@ -216,7 +217,7 @@ def print_spec_table(info: dict) -> None:
         if "error" in r:
             print(f"{r['batch_size']:>5}  {r['scheme']:<26} failed: {r['error']}")
             continue
-        tau = f"{r['tau']:.2f}" if "tau" in r else "-"
+        tau = f"{r['tau']:.2f}" if r.get("tau") else "-"   # 0: no step verified drafts (paused)
         acc = acceptance_note(r)
         print(f"{r['batch_size']:>5}  {r['scheme']:<26} {r['tok_s']:>8.1f} {r['speedup']:>7.2f}x {tau:>6}  {acc}")
 
