@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from chat_prompts import build_prompts  # noqa: E402
 from sonarspec_ext import LLM, SamplingParams, SpecConfig  # noqa: E402
-from sonarspec_ext.bench import cpu_info  # noqa: E402
+from sonarspec_ext.bench import cpu_info, rotated  # noqa: E402
 from sonarspec_ext.train.data import is_validation  # noqa: E402
 
 
@@ -59,14 +59,15 @@ def main() -> None:
     total = dict.fromkeys(configs, 0.0)
     ratios = {name: [] for name in configs}
     tokens = 0
-    for item in held_out:
+    for i, item in enumerate(held_out):
         messages = [{"role": "user", "content": item["prompt"]}]
-        times, ref = {}, None
-        for name, llm in llms.items():
+        times, outs = {}, {}
+        for name, llm in rotated(llms.items(), i):
             t0 = time.perf_counter()
-            out = llm.chat([messages], params)[0]
+            outs[name] = llm.chat([messages], params)[0]
             times[name] = time.perf_counter() - t0
-            ref = out.token_ids if ref is None else ref
+        ref = outs["plain"].token_ids
+        for name, out in outs.items():
             if out.token_ids != ref:
                 raise SystemExit(f"{name}: output differs from plain decoding on prompt {item['id']}")
             total[name] += times[name]

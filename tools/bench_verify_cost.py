@@ -18,7 +18,7 @@ import tempfile
 import torch
 
 from sonarspec_ext import LLM
-from sonarspec_ext.bench import SYNTHETIC_200M, cpu_info, make_synthetic_model, median_us
+from sonarspec_ext.bench import SYNTHETIC_200M, cpu_info, make_synthetic_model, median_us, rotated
 from sonarspec_ext.models.loader import QUANTIZATION_CHOICES
 
 SIZES = (1, 2, 3, 4, 5, 8, 17)
@@ -63,10 +63,10 @@ def main() -> None:
                                                                       dtype="bfloat16"), args.context,
                                                  args.device, args.dtype)
     times = {(name, T): [] for name in models for T in SIZES}
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         for name, (calls, _) in models.items():
             reps = 10 if name == args.model else 3
-            for T in SIZES:
+            for T in rotated(SIZES, r):
                 times[(name, T)].append(median_us(calls[T], reps, 2))
     results = []
     for name, (_, params) in models.items():

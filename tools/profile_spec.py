@@ -23,7 +23,7 @@ import sonarspec_ext.runtime.runner as runner_mod
 import sonarspec_ext.ops.decoder_stack as decoder_stack
 import sonarspec_ext.spec.proposer as proposer_mod
 from sonarspec_ext import LLM, SamplingParams
-from sonarspec_ext.bench import cpu_info
+from sonarspec_ext.bench import cpu_info, rotated
 from sonarspec_ext.bench.spec import PROMPTS, scheme_config
 from sonarspec_ext.models.llama import LlamaForCausalLM
 
@@ -66,8 +66,8 @@ def main() -> None:
         llms[scheme] = LLM(args.model, spec=scheme_config(scheme))
         llms[scheme].generate(PROMPTS[:2], params)   # warm-up
     rows = collections.defaultdict(list)
-    for _ in range(args.rounds):
-        for scheme, llm in llms.items():
+    for r in range(args.rounds):
+        for scheme, llm in rotated(llms.items(), r):
             eng = llm.engine
             eng.timing = dict.fromkeys(eng.timing, 0.0)
             steps0 = eng.num_steps

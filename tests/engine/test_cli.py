@@ -2,6 +2,7 @@
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -91,6 +92,8 @@ def test_bench_spec_mtp_runs_every_scheme_in_one_run(llama_dir, draft_dir, tmp_p
     assert all(row["tok_s"] > 0 and row["tau"] >= 1 for row in rows)
     assert len(rows[3]["accepted_per_position"]) == 2
     assert all(row["greedy_agreement"] == "8/8" for row in rows)   # the 8 benchmark prompts
+    assert all(len(row["round_s"]) == 2 and row["tok_s"] == pytest.approx(8 * 8 / statistics.median(row["round_s"]),
+                                                                         rel=0.05) for row in rows)
     info = json.loads(out.read_text())
     assert (info["device"], info["dtype"]) == ("cpu", "float32")
     r = run_cli("bench", "--spec", "mtp", "--model", llama_dir, "--draft", draft_dir, "--mtp", str(tmp_path / "missing"))
@@ -165,3 +168,9 @@ def test_chat_and_generate_chat_on_a_gguf_file(tmp_path):
     r = run_cli("generate", "hi", "--chat", "--model", path, "--max-tokens", "6", "--spec", "none")
     assert r.returncode == 0, r.stderr
     assert r.stdout.rstrip("\n") == ref.text
+
+
+def test_timing_rounds_rotate_their_order():
+    from sonarspec_ext.bench import rotated
+    assert [rotated("abc", r) for r in range(4)] == [list("abc"), list("bca"), list("cab"), list("abc")]
+    assert rotated([], 3) == []

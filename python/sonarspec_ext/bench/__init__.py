@@ -65,6 +65,14 @@ def median_us(fn, reps: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
+def rotated(items, r: int) -> list:
+    """``items`` from the (r mod n)-th on, then the rest: the order of interleaved timing
+    round r, so that no item always runs first (or always after the same other one)."""
+    items = list(items)
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
 def median_time(fn, repeats: int) -> float:
     """Median wall time (s) of ``repeats`` calls of ``fn``."""
     times = []

@@ -18,7 +18,7 @@ from typing import List, Optional
 import torch
 
 from ..assets import resolve
-from . import cpu_info, median_time
+from . import cpu_info, median_time, rotated
 from ..llm import LLM
 from ..params import SamplingParams, SpecConfig
 from ..spec.factory import find_draft_model, find_mtp_head
@@ -140,8 +140,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                 raise RuntimeError(f"{name} output differs from plain greedy decoding; not timing")
             llms[name].engine.finished.clear()
         times = {name: [] for name, _ in schemes}
-        for r in range(repeats):   # round r starts at scheme r: no scheme always runs first
-            for name, _ in schemes[r % len(schemes):] + schemes[:r % len(schemes)]:
+        for r in range(repeats):
+            for name, _ in rotated(schemes, r):
                 t0 = time.perf_counter()
                 _run_llm(llms[name], prompts, params, bs)
                 times[name].append(time.perf_counter() - t0)
