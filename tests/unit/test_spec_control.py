@@ -175,3 +175,15 @@ def test_a_larger_class_borrows_the_cost_model_and_starts_plain():
         run(big, world(0.010, 0.0002, per_draft, 0.7, batch=40), 300, batch=40)
         assert (big.winner > 0) == spec_wins
         assert (big.steps[1] + big.steps[2] == 0) == (not spec_wins)
+
+
+def test_a_batch_moving_across_a_class_boundary_keeps_its_class():
+    """16 clients: the decoding batch moves 15, 16, 15, ... as requests finish and arrive;
+    it stays in the class it entered (no verdict flapping), and leaves it once it moves a
+    quarter of the class's lower bound beyond its range."""
+    c = BatchSpeculationControl()
+    first = c.for_batch(15)
+    assert all(c.for_batch(n) is first for n in (16, 15, 17, 14, 16, 6))
+    assert c.for_batch(18) is not first and c.for_batch(18) is c.for_batch(12)   # the 16-31 class
+    assert c.for_batch(11) is first and c.for_batch(5) is not first
+    assert c.for_batch(1) is not c.for_batch(2)   # the smallest classes take no slack

@@ -189,8 +189,9 @@ class SpeculationControl:
 
 class BatchSpeculationControl:
     """One ``SpeculationControl`` per size class of the decoding batch (1, 2-3, 4-7, ...,
-    32 and more sequences): speculation that pays for one stream rarely pays for 32, so each
-    class learns its own winner, and the losing modes' probes there grow rare. A class seen
+    32 and more sequences; a class keeps a batch a little beyond its range, see ``_holds``):
+    speculation that pays for one stream rarely pays for 32, so each class learns its own
+    winner, and the losing modes' probes there grow rare. A class seen
     for the first time starts its survey from plain decoding with the cost model of the
     nearest smaller class that has one (a larger batch's drafts cost at least as much per
     sequence, so the borrowed model errs towards probing them); without one, from the
@@ -200,9 +201,22 @@ class BatchSpeculationControl:
         self._kwargs = kwargs
         SpeculationControl(**kwargs)   # validates the settings
         self.classes: Dict[int, SpeculationControl] = {}
+        self._last: Optional[int] = None   # the previous step's class
+
+    @staticmethod
+    def _holds(c: int, n: int) -> bool:
+        """Whether class c (sizes 2^(c-1) .. 2^c - 1; the last one unbounded) keeps a batch of
+        n: its range widened by a quarter of its lower bound on each side, so that a batch
+        moving by one or two across a boundary (16 clients: 15, 16, 15, ...) does not switch
+        class - and verdict, each switch to speculation making the drafter catch up - every
+        few steps."""
+        lo, slack = 1 << (c - 1), (1 << (c - 1)) // 4
+        return lo - slack <= n and (c == 6 or n <= 2 * lo - 1 + slack)
 
     def for_batch(self, num_decoding: int) -> SpeculationControl:
-        c = min(max(num_decoding, 1).bit_length(), 6)
+        n = max(num_decoding, 1)
+        c = self._last if self._last is not None and self._holds(self._last, n) else min(n.bit_length(), 6)
+        self._last = c
         if c not in self.classes:
             new = SpeculationControl(**self._kwargs)
             if self.classes:
