@@ -137,34 +137,41 @@ QV_ATTR void group_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group
 }
 
 // Whole 16-row groups in one pass (the last group in halves when it has 8 columns or
-// fewer), in passes of up to 2 activation rows: 2 rows x 2 halves of accumulators and pair
-// sums fit the 16 registers, where 4 rows of one half spilled; more rows per pass would
-// share each weight unpacking further but the dot products, not the unpacking, bound the
-// time. With more than one pass, the passes after the first read the group from L1 and
-// would leave the memory idle: instead every pass prefetches its share of the next group,
-// so that its fetch overlaps all of this group's dot products (2048 x 2048 on a Zen 3 VM,
-// an A/B in interleaved rounds: Q4_1 3 / 4 / 5 / 8 rows 0.93 / 0.91 / 0.93 / 0.94x the
-// time, Q8_0 0.93 / 0.83 / 0.90 / 0.89x; a model's forward over 5 tokens moved within
-// the VM's noise).
+// fewer), in passes of up to 3 activation rows, as even as they can be (4 rows: 2 + 2, 5:
+// 3 + 2, 7: 3 + 2 + 2). Each pass unpacks the group's
+// nibbles again, so fewer passes save unpacking, but 3 rows x 2 halves of accumulators and
+// pair sums overflow the 16 registers: against passes of 2 rows, on a Zen 3 VM (2048 x
+// 2048, an A/B in interleaved rounds) Q4_1 at 3 / 4 / 5 / 7 / 8 rows took 0.90 / 1.00 /
+// 0.95 / 0.94 / 0.98x the time and Q8_0 0.91 / 1.01 / 0.94 / 0.94 / 0.97x, while passes of
+// 3 with a 1-row remainder (4 rows: 3 + 1) lost 6%. With more than one pass, the passes after
+// the first read the group from L1 and would leave the memory idle: instead every pass
+// prefetches its share of the next group, so that its fetch overlaps all of this group's
+// dot products (against no prefetch across passes, passes of 2: Q4_1 at 3 / 4 / 5 / 8 rows
+// 0.93 / 0.91 / 0.93 / 0.94x the time, Q8_0 0.93 / 0.83 / 0.90 / 0.89x; a model's forward
+// over 5 tokens moved within the VM's noise).
 template <WeightFormat F>
 void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n, float* y, int64_t n_begin, int64_t n_end) {
   const int64_t group_bytes = x.kb * quant_block_bytes(F);
-  const int count = static_cast<int>((m + 1) / 2);
+  const int count = static_cast<int>((m + 2) / 3);
   for (int64_t j = n_begin; j < n_end; j += 16) {
     const uint8_t* group = w + (j / 16) * group_bytes;
     const int64_t left = n_end - j;
-    for (int64_t r0 = 0; r0 < m; r0 += 2) {
-      const bool two = m - r0 >= 2;
-      const Passes passes{static_cast<int>(r0 / 2), count};
+    int64_t r0 = 0;
+    for (int p = 0; p < count; ++p) {
+      const int64_t rows = m / count + (p < m % count ? 1 : 0);
+      const Passes passes{p, count};
       if (left > 8) {
         const int lanes[2] = {8, static_cast<int>(std::min<int64_t>(8, left - 8))};
-        two ? group_rows<2, 2, F>(x, r0, group, y + j, n, lanes, passes)
-            : group_rows<1, 2, F>(x, r0, group, y + j, n, lanes, passes);
+        if (rows == 3) group_rows<3, 2, F>(x, r0, group, y + j, n, lanes, passes);
+        else if (rows == 2) group_rows<2, 2, F>(x, r0, group, y + j, n, lanes, passes);
+        else group_rows<1, 2, F>(x, r0, group, y + j, n, lanes, passes);
       } else {
         const int lanes[1] = {static_cast<int>(left)};
-        two ? group_rows<2, 1, F>(x, r0, group, y + j, n, lanes, passes)
-            : group_rows<1, 1, F>(x, r0, group, y + j, n, lanes, passes);
+        if (rows == 3) group_rows<3, 1, F>(x, r0, group, y + j, n, lanes, passes);
+        else if (rows == 2) group_rows<2, 1, F>(x, r0, group, y + j, n, lanes, passes);
+        else group_rows<1, 1, F>(x, r0, group, y + j, n, lanes, passes);
       }
+      r0 += rows;
     }
   }
 }
