@@ -160,8 +160,9 @@ class SpeculationControl:
             self.winner = max((m for m in self.modes if self.rates[m] is not None), key=lambda m: self.rates[m])
             todo = [m for m in self._neighbours(self.winner) if self.rates[m] is None]
             worth = [m for m in todo if self._worth_probing(m)]
-            self.skipped += len(todo) - len(worth)
             self._surveying = bool(worth)
+            if not worth:   # the survey's end: the unmeasured neighbours it spared
+                self.skipped += len(todo)
             self.mode, self._left = (worth[0], self.probe_steps) if worth else (self.winner, self._exploit)
         elif self.probing:   # the probe's verdict: the faster mode runs next, longer if it won again
             if self.rates[mode] > self.rates[self.winner]:
