@@ -192,11 +192,11 @@ class BatchSpeculationControl:
     """One ``SpeculationControl`` per size class of the decoding batch (1, 2-3, 4-7, ...,
     32 and more sequences; a class keeps a batch a little beyond its range, see ``_holds``):
     speculation that pays for one stream rarely pays for 32, so each class learns its own
-    winner, and the losing modes' probes there grow rare. A class seen
-    for the first time starts its survey from plain decoding with the cost model of the
-    nearest smaller class that has one (a larger batch's drafts cost at least as much per
-    sequence, so the borrowed model errs towards probing them); without one, from the
-    winner of the nearest class already seen."""
+    winner, and the losing modes' probes there grow rare. A class seen for the first time
+    starts its survey from plain decoding with the cost model of the nearest smaller class
+    that has one (a larger batch's drafts cost at least as much per sequence, so the
+    borrowed model errs towards probing them); without one, from the winner of the nearest
+    class already seen."""
 
     def __init__(self, **kwargs):
         self._kwargs = kwargs
