@@ -138,9 +138,9 @@ QV_ATTR void group_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group
 
 // Whole 16-row groups in one pass (the last group in halves when it has 8 columns or
 // fewer), in passes of up to 3 activation rows, as even as they can be (4 rows: 2 + 2, 5:
-// 3 + 2, 7: 3 + 2 + 2). Each pass unpacks the group's
-// nibbles again, so fewer passes save unpacking, but 3 rows x 2 halves of accumulators and
-// pair sums overflow the 16 registers: against passes of 2 rows, on a Zen 3 VM (2048 x
+// 3 + 2, 7: 3 + 2 + 2). Each pass unpacks the group's nibbles again, so fewer passes save
+// unpacking, but 3 rows x 2 halves of accumulators and pair sums overflow the 16
+// registers: against passes of 2 rows, on a Zen 3 VM (2048 x
 // 2048, an A/B in interleaved rounds) Q4_1 at 3 / 4 / 5 / 7 / 8 rows took 0.90 / 1.00 /
 // 0.95 / 0.94 / 0.98x the time and Q8_0 0.91 / 1.01 / 0.94 / 0.94 / 0.97x, while passes of
 // 3 with a 1-row remainder (4 rows: 3 + 1) lost 6%. With more than one pass, the passes after

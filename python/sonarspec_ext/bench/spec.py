@@ -99,8 +99,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     where torch's GEMMs and SDPA may round a verification pass differently from a decoding
     one, the agreement is recorded); timing rounds are interleaved across schemes (round r
     times every scheme once, starting from the r-th) so machine noise hits all of them
-    alike; the reported time is each scheme's median over the rounds. ``trees``: (depth, top_k, num_nodes) of the
-    EAGLE trees to run with the MTP head. ``temperature`` > 0 samples (seeded per prompt)
+    alike; the reported time is each scheme's median over the rounds. ``trees``: (depth,
+    top_k, num_nodes) of the EAGLE trees to run with the MTP head. ``temperature`` > 0 samples (seeded per prompt)
     instead: outputs then differ between schemes by design (the tests check the sampled
     distributions), and agreement is not checked. ``draft="default"``: the draft model that
     goes with the target (``spec.factory.find_draft_model``), or no draft_target rows (and

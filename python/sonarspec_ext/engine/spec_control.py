@@ -14,14 +14,14 @@ runs; the winner's phases double (up to ``max_phase_steps``) each time a probe c
 
 A cost model spares the probes that cannot win. Per sequence and step, a mode gives
 ``e(K)`` tokens and takes ``u(K)`` seconds; with plain decoding and a draft length measured,
-``u`` is the line through them (each draft token adds verification rows and drafting work
-to every sequence, so a step costs more in proportion) and ``e`` follows the acceptance
-``a`` of a geometric fit, ``e(K) = (1 - a^(K+1)) / (1 - a)``. A probe whose predicted rate
-``e/u`` is below ``1 - margin`` of the winner's measured one is skipped as if it had lost
-(the phase still doubles), except once a phase has reached ``max_phase_steps``: then it
-runs, so a changed regime is noticed. On a CPU with many streams, where a verification
-row costs as much as a decoding one, this leaves one cheap survey instead of a probe of
-every length.
+``u`` is the least-squares line through the measured modes (each draft token adds
+verification rows and drafting work to every sequence, so a step costs more in proportion)
+and ``e`` follows the acceptance ``a`` of a geometric fit, ``e(K) = 1 + a + ... + a^K``. A
+probe whose predicted rate ``e/u`` is below ``1 - margin`` of the winner's measured one is
+skipped as if it had lost (the phase still doubles), except once a phase has reached
+``max_phase_steps``: then it runs, so a changed regime is noticed. On a CPU with many
+streams, where a verification row costs as much as a decoding one, this leaves one cheap
+survey instead of a probe of every length.
 
 A mode's rate is the output tokens per second of the decode-only steps it ran (steps that
 also prefill are not comparable and are not measured), averaged over its phases with
@@ -33,17 +33,23 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 
+def chain_tokens(acceptance: float, k: int) -> float:
+    """Tokens per step of K drafts each kept with probability ``acceptance`` given the ones
+    before: ``1 + a + ... + a^K``."""
+    return sum(acceptance ** i for i in range(k + 1))
+
+
 def geometric_acceptance(tokens: float, k: int) -> float:
-    """The per-token acceptance a at which K drafts give ``tokens`` per step on average,
-    ``1 + a + ... + a^K`` (solved by bisection; clamped to [0, 0.999])."""
+    """The per-token acceptance a at which K drafts give ``tokens`` per step on average
+    (``chain_tokens``; solved by bisection, clamped to [0, 0.999])."""
     lo, hi = 0.0, 0.999
     if tokens <= 1.0:
         return lo
-    if tokens >= sum(hi ** i for i in range(k + 1)):
+    if tokens >= chain_tokens(hi, k):
         return hi
     for _ in range(40):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if sum(mid ** i for i in range(k + 1)) < tokens else (lo, mid)
+        lo, hi = (mid, hi) if chain_tokens(mid, k) < tokens else (lo, mid)
     return 0.5 * (lo + hi)
 
 
@@ -126,7 +132,7 @@ class SpeculationControl:
         if model is None or self.per_sequence.get(0) is None:
             return None
         acceptance, slope = model
-        return sum(acceptance ** i for i in range(mode + 1)) / (self.per_sequence[0][1] + slope * mode)
+        return chain_tokens(acceptance, mode) / (self.per_sequence[0][1] + slope * mode)
 
     def _worth_probing(self, mode: int) -> bool:
         rate = self.predicted_rate(mode)
