@@ -4,9 +4,10 @@
 // value vector loaded (and widened): scores four keys at a time, one accumulator per (row,
 // key) over head_dim, folded by a fixed tree of horizontal adds; the online softmax on the
 // chunk's 16 scores as two vectors; values with the rows' outputs in registers over the
-// chunk, 32 (or 16) columns at a time. It prefetches nothing: its caller fetches the next
-// chunk's whole rows (attention_chunk.h). A row's arithmetic depends only on its
-// query and its keys, so results do not depend on which rows share a call.
+// chunk, 32 (or 16) columns at a time. Its share of the next chunk's slot rows (attention_chunk.h)
+// is fetched a few rows at a time between the score steps of all its passes, so that the
+// fetches overlap the arithmetic. A row's arithmetic depends only on its query and its keys,
+// so results do not depend on which rows share a call.
 #include <algorithm>
 #include <cmath>
 
@@ -66,13 +67,20 @@ AVX2_ATTR inline void values_rows(float* const* o, const float (*p)[kChunk], con
     for (int j = 0; j < W; ++j) _mm256_storeu_ps(o[r] + d0 + 8 * j, acc[r][j]);
 }
 
-// One pass of R rows: scores, the online-softmax update, values.
+// One pass of R rows: scores, the online-softmax update, values. Pass `pass` of `passes`
+// fetches rows [step * n / steps, (step + 1) * n / steps) of `ahead` before score step
+// `step` of the call's passes x 4.
 template <int R, typename KV>
 AVX2_ATTR inline void pass_rows(const float* const* qs, const KV* const* k, const KV* const* v, int n,
-                                int64_t head_dim, float scale, float* m, float* l, float* const* o) {
-  alignas(16) float s[R][kChunk];
+                                int64_t head_dim, float scale, float* m, float* l, float* const* o,
+                                const ChunkAhead& ahead, int pass, int passes) {
+  alignas(32) float s[R][kChunk];   // whole-vector loads and stores
   const __m128 sc = _mm_set1_ps(scale);
-  for (int c0 = 0; c0 < kChunk; c0 += 4) scores_rows<R>(qs, k, c0, head_dim, sc, s);
+  for (int c0 = 0; c0 < kChunk; c0 += 4) {
+    const int step = 4 * pass + c0 / 4, steps = 4 * passes;
+    prefetch_ahead(ahead, step * ahead.n / steps, (step + 1) * ahead.n / steps);
+    scores_rows<R>(qs, k, c0, head_dim, sc, s);
+  }
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256 live0 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane));
   const __m256 live1 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - 8), lane));
@@ -101,7 +109,7 @@ AVX2_ATTR inline void pass_rows(const float* const* qs, const KV* const* k, cons
 template <typename KV>
 AVX2_ATTR void update_chunk(const float* const* qs, const KV* k_pool, const KV* v_pool, const int64_t* slots, int n,
                             int64_t row, int64_t kv_off, int64_t head_dim, int group, float scale, float* m, float* l,
-                            float* const* o, const ChunkAhead&) {
+                            float* const* o, const ChunkAhead& ahead) {
   const KV* k[kChunk];
   const KV* v[kChunk];
   for (int c = 0; c < n; ++c) {
@@ -109,11 +117,12 @@ AVX2_ATTR void update_chunk(const float* const* qs, const KV* k_pool, const KV* 
     v[c] = v_pool + slots[c] * row + kv_off;
   }
   for (int c = n; c < kChunk; ++c) k[c] = k[0];   // past n: a valid row, its score masked
-  for (int g = 0; g < group; g += kPass) {
+  const int passes = (group + kPass - 1) / kPass;
+  for (int g = 0, p = 0; g < group; g += kPass, ++p) {
     switch (std::min(kPass, group - g)) {
-      case 1: pass_rows<1>(qs + g, k, v, n, head_dim, scale, m + g, l + g, o + g); break;
-      case 2: pass_rows<2>(qs + g, k, v, n, head_dim, scale, m + g, l + g, o + g); break;
-      default: pass_rows<3>(qs + g, k, v, n, head_dim, scale, m + g, l + g, o + g); break;
+      case 1: pass_rows<1>(qs + g, k, v, n, head_dim, scale, m + g, l + g, o + g, ahead, p, passes); break;
+      case 2: pass_rows<2>(qs + g, k, v, n, head_dim, scale, m + g, l + g, o + g, ahead, p, passes); break;
+      default: pass_rows<3>(qs + g, k, v, n, head_dim, scale, m + g, l + g, o + g, ahead, p, passes); break;
     }
   }
 }

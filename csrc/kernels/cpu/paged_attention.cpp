@@ -118,13 +118,14 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
   std::vector<float> sums(static_cast<size_t>(num_tokens * num_heads), 0.f);   // softmax sums, one split
   const ChunkUpdate chunk_update = chunk_update_for_cpu(head_dim);
   const ChunkUpdateBF16 bf16_update = kv_dtype == DType::kBFloat16 ? chunk_update_bf16_for_cpu(head_dim) : nullptr;
-  const bool update_prefetches = chunk_update_prefetches(head_dim);
+  const bool row_shares = chunk_update_takes_row_shares(head_dim);
   static constexpr int64_t kIdentity[kChunk] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   // One chunk of keys (slots[0..n)) for heads [kvh0, kvh0 + nh) of an item: rows r0 .. r0 +
-  // rows of each head (head h's at h * kMaxGroup), while the rows of the next chunk
-  // (ahead[0..na)) are fetched: by the update, a head's slice at a time, or where it does not
-  // prefetch, here, whole rows. Float32 and (with AVX2 or AVX-512) bfloat16 pools are read
-  // in place; others have the heads' slices of the chunk's slot rows widened first.
+  // rows of each head (head h's at h * kMaxGroup), while each head's update fetches the
+  // rows of the next chunk (ahead[0..na)): its slice of all of them, or its share of the
+  // whole rows (chunk_update_takes_row_shares). Float32 and (with AVX2 or AVX-512) bfloat16
+  // pools are read in place; others have the heads' slices of the chunk's slot rows widened
+  // first.
   auto chunk = [&](const int64_t* slots, int n, const int64_t* ahead, int na, int64_t kvh0, int64_t nh,
                    int64_t r0, int rows, const float* const* qs, float* m, float* l, float* const* o) {
     thread_local std::vector<float> kv;
@@ -141,20 +142,16 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
       stride = nh * head_dim;
       off = 0;
     }
-    if (!update_prefetches)   // the next chunk's whole slot rows, in address order
-      for (int i = 0; i < na; ++i) {
-        const int64_t byte = (ahead[i] * row + kvh0 * head_dim) * elem;
-        prefetch_lines(static_cast<const char*>(k_pool) + byte, nh * head_dim * elem);
-        prefetch_lines(static_cast<const char*>(v_pool) + byte, nh * head_dim * elem);
-      }
     for (int64_t h = 0; h < nh; ++h) {
       ChunkAhead next;
-      next.n = na;
-      next.bytes = head_dim * elem;
-      for (int i = 0; i < na; ++i) {
-        const int64_t byte = (ahead[i] * row + (kvh0 + h) * head_dim) * elem;
-        next.k[i] = static_cast<const char*>(k_pool) + byte;
-        next.v[i] = static_cast<const char*>(v_pool) + byte;
+      const int from = row_shares ? static_cast<int>(h * na / nh) : 0;
+      const int to = row_shares ? static_cast<int>((h + 1) * na / nh) : na;
+      const int64_t head = row_shares ? kvh0 : kvh0 + h;
+      next.bytes = (row_shares ? nh : 1) * head_dim * elem;
+      for (int i = from; i < to; ++i, ++next.n) {
+        const int64_t byte = (ahead[i] * row + head * head_dim) * elem;
+        next.k[next.n] = static_cast<const char*>(k_pool) + byte;
+        next.v[next.n] = static_cast<const char*>(v_pool) + byte;
       }
       const int64_t r = h * kMaxGroup + r0;
       if (bf16_update != nullptr)
