@@ -155,7 +155,7 @@ def test_train_mtp_command_end_to_end(llama_dir, tmp_path):
     corpus = _corpus(tmp_path)
     train, val = read_corpus([str(corpus)])
     assert len(train) + len(val) == 50 and val
-    out = tmp_path / "head"
+    out = tmp_path / "heads" / "head"   # its parent is made
     rc = main(["train-mtp", "--target", llama_dir, "--data", str(corpus), "--out", str(out), "--max-steps", "4",
                "--seq-len", "32", "--max-windows", "40", "--eval-every", "2", "--batch-size", "4",
                "--formats", "sonarspec", "deepseek"])
@@ -163,8 +163,8 @@ def test_train_mtp_command_end_to_end(llama_dir, tmp_path):
     info = json.load(open(out / "training.json"))
     v = info["engine_validation"]
     assert v["equal_to_plain_decoding"] and len(v["accepted_per_position"]) == 3
-    assert os.path.isfile(tmp_path / "head-deepseek" / "model.safetensors")
-    assert not any(n.startswith(".export-") for n in os.listdir(tmp_path))
+    assert os.path.isfile(tmp_path / "heads" / "head-deepseek" / "model.safetensors")
+    assert not any(n.startswith((".export-", ".probe-")) for n in os.listdir(tmp_path / "heads"))
 
 
 def test_train_mtp_bad_input(llama_dir, tmp_path, capsys):

@@ -29,6 +29,7 @@ def _check_writable(out: str) -> None:
     parent = os.path.dirname(os.path.abspath(out)) or "."
     probe = out if os.path.isdir(out) else parent
     try:   # the export writes a temporary directory beside ``out``: try one now
+        os.makedirs(parent, exist_ok=True)   # missing parents are made, as for --work
         os.rmdir(tempfile.mkdtemp(prefix=".probe-", dir=parent))
         ok = os.access(probe, os.W_OK)
     except OSError:
