@@ -6,7 +6,7 @@
 # equal to plain decoding) compared. Resumable: re-running continues where it stopped.
 #
 #   tools/train_mtp_layouts_smollm2.sh [WORK_DIR] [STEPS] [WINDOWS]
-#       (default runs/layouts 500 2000: about 20 min of features, then 25 min per head on 2 cores)
+#       (default runs/layouts 500 2000: about 15 min of features, then 20-25 min per head on 2 cores)
 #
 # Needs the corpus: mkdir -p runs/chat_corpus && xz -dc data/smollm2_chat_corpus.jsonl.xz > runs/chat_corpus/corpus.jsonl
 set -euo pipefail
