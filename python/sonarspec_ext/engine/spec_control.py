@@ -204,6 +204,8 @@ class BatchSpeculationControl:
     borrowed model errs towards probing them); without one, from the winner of the nearest
     class already seen."""
 
+    LAST_CLASS = 6   # 32 and more sequences
+
     def __init__(self, **kwargs):
         self._kwargs = kwargs
         SpeculationControl(**kwargs)   # validates the settings
@@ -218,11 +220,12 @@ class BatchSpeculationControl:
         class - and verdict, each switch to speculation making the drafter catch up - every
         few steps."""
         lo, slack = 1 << (c - 1), (1 << (c - 1)) // 4
-        return lo - slack <= n and (c == 6 or n <= 2 * lo - 1 + slack)
+        return lo - slack <= n and (c == BatchSpeculationControl.LAST_CLASS or n <= 2 * lo - 1 + slack)
 
     def for_batch(self, num_decoding: int) -> SpeculationControl:
         n = max(num_decoding, 1)
-        c = self._last if self._last is not None and self._holds(self._last, n) else min(n.bit_length(), 6)
+        held = self._last is not None and self._holds(self._last, n)
+        c = self._last if held else min(n.bit_length(), self.LAST_CLASS)
         self._last = c
         if c not in self.classes:
             new = SpeculationControl(**self._kwargs)
