@@ -4,7 +4,8 @@ size, one decode step's time against context length (JSON and a PNG with both cu
 and prefill speed.
 
     python tools/bench_scaling.py [--model smollm2] [--batch-sizes 1 2 4 8 16] [--prefill 64 256 1024]
-                                  [--contexts 128 512 1024 2048 3072] [--json PATH] [--plot PATH]
+                                  [--contexts 128 512 1024 2048 3072] [--context-rounds 5]
+                                  [--json PATH] [--plot PATH]
 """
 from __future__ import annotations
 
@@ -68,6 +69,8 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 1024, 2048, 3072])
     ap.add_argument("--prefill", type=int, nargs="+", default=[64, 256, 1024], help="prompt lengths")
+    ap.add_argument("--context-rounds", type=int, default=5,
+                    help="rounds over the contexts; speeds against the first context are medians of per-round ratios")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None)
@@ -79,10 +82,14 @@ def main() -> None:
     for r in batch:
         r["vs_batch_1"] = round(r["tok_s"] / batch[0]["tok_s"], 2)
         print(f"batch {r['batch_size']:3d}: {r['tok_s']:8.1f} tok/s  ({r['vs_batch_1']:.2f}x the first)")
-    context = [{"context": c, "decode_us": round(decode_step_us(llm, c), 1)} for c in args.contexts]
+    # Contexts in alternating rounds, each ratio to the first context's step taken within a
+    # round: the machine's drift between rounds cancels in the median of the ratios.
+    steps = [[decode_step_us(llm, c) for c in args.contexts] for _ in range(args.context_rounds)]
+    context = [{"context": c, "decode_us": round(statistics.median(s[i] for s in steps), 1),
+                "vs_first": round(statistics.median(s[0] / s[i] for s in steps), 3)}
+               for i, c in enumerate(args.contexts)]
     for r in context:
         r["tok_s"] = round(1e6 / r["decode_us"], 1)
-        r["vs_first"] = round(context[0]["decode_us"] / r["decode_us"], 3)
         print(f"context {r['context']:5d}: decode step {r['decode_us']:9.1f} us = {r['tok_s']:6.1f} tok/s "
               f"({r['vs_first']:.2f}x the speed at {context[0]['context']})")
     prefill = [{"prompt_tokens": n, "tok_s": round(prefill_tok_s(llm, n, args.repeats), 1)} for n in args.prefill]

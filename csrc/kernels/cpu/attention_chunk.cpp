@@ -52,7 +52,7 @@ ChunkUpdate chunk_update_for_cpu(int64_t head_dim) {
 }
 
 bool chunk_update_takes_row_shares(int64_t head_dim) {
-  return chunk_update_avx512(head_dim) == nullptr && chunk_update_avx2(head_dim) != nullptr;
+  return chunk_update_avx512(head_dim) != nullptr || chunk_update_avx2(head_dim) != nullptr;
 }
 
 ChunkUpdateBF16 chunk_update_bf16_for_cpu(int64_t head_dim) {

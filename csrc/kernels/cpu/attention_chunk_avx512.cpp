@@ -5,7 +5,10 @@
 // both pools give the same bits. Scores: up to three query rows per pass share each key's
 // vectors, one accumulator per (row, key) for eight keys, folded by a fixed tree of
 // shuffles into one vector of scores; the online softmax runs on that vector; values: up to
-// four rows' outputs (64 columns) stay in registers over the chunk. Every row's arithmetic
+// four rows' outputs (64 columns) stay in registers over the chunk. Its share of the next
+// chunk's slot rows (attention_chunk.h) is fetched a few rows at a time between the score
+// steps of all its passes, so that the fetches overlap the arithmetic, into L2 (more misses
+// in flight than fetches into L1 allow). Every row's arithmetic
 // depends only on its query and its keys, so results do not depend on which rows share a
 // call.
 #include <algorithm>
@@ -74,16 +77,21 @@ AVX512_ATTR inline float add_lanes(__m512 x) {
 }
 
 // Scores of R rows against the chunk's 16 keys: s[r] = (q[r] . k[c]) * scale in lane c.
-// qd[r]: the row's query as (even, odd) vectors per 32 values.
+// qd[r]: the row's query as (even, odd) vectors per 32 values. Pass `pass` of `passes`
+// fetches rows [step * n / steps, (step + 1) * n / steps) of `ahead` before score step
+// `step` (eight keys by 32 values) of the call's passes x 2 x head_dim / 32.
 template <int R, typename KV>
 AVX512_ATTR inline void scores_rows(const float* const* qd, const KV* const* k, int64_t head_dim, float scale,
-                                    __m512* s) {
+                                    __m512* s, const ChunkAhead& ahead, int pass, int passes) {
   __m512 half[2][R];
+  const int64_t per_half = head_dim / 32, steps = 2 * per_half * passes;
   for (int c0 = 0; c0 < kChunk; c0 += 8) {
     __m512 acc[R][8];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < 8; ++c) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < head_dim; j += 32)
+    for (int64_t j = 0; j < head_dim; j += 32) {
+      const int64_t step = (2 * pass + c0 / 8) * per_half + j / 32;
+      prefetch_ahead<2>(ahead, static_cast<int>(step * ahead.n / steps), static_cast<int>((step + 1) * ahead.n / steps));
       for (int c = 0; c < 8; ++c) {
         __m512 e, o;
         load_pairs(k[c0 + c] + j, e, o);
@@ -92,6 +100,7 @@ AVX512_ATTR inline void scores_rows(const float* const* qd, const KV* const* k, 
           acc[r][c] = _mm512_fmadd_ps(_mm512_load_ps(qd[r] + j + 16), o, acc[r][c]);
         }
       }
+    }
     for (int r = 0; r < R; ++r) half[c0 / 8][r] = sum_lanes8(acc[r]);
   }
   const __m512i join = _mm512_set_epi32(27, 26, 25, 24, 19, 18, 17, 16, 11, 10, 9, 8, 3, 2, 1, 0);
@@ -143,7 +152,6 @@ AVX512_ATTR void update_chunk(const float* const* qs, const KV* k_pool, const KV
   alignas(64) float p[kMaxGroup][kChunk];
   for (int g0 = 0; g0 < group; g0 += 3) {   // scores and the online-softmax update, three rows at a time
     const int gn = std::min(3, group - g0);
-    prefetch_ahead(ahead, g0 * ahead.n / group, (g0 + gn) * ahead.n / group);   // the next chunk, a share per pass
     alignas(64) float qd[3][kMaxPairDim];
     const float* qp[3];
     for (int r = 0; r < gn; ++r) {
@@ -156,9 +164,10 @@ AVX512_ATTR void update_chunk(const float* const* qs, const KV* k_pool, const KV
       qp[r] = qd[r];
     }
     __m512 s[3];
-    if (gn == 3) scores_rows<3>(qp, k, head_dim, scale, s);
-    else if (gn == 2) scores_rows<2>(qp, k, head_dim, scale, s);
-    else scores_rows<1>(qp, k, head_dim, scale, s);
+    const int pass = g0 / 3, passes = (group + 2) / 3;
+    if (gn == 3) scores_rows<3>(qp, k, head_dim, scale, s, ahead, pass, passes);
+    else if (gn == 2) scores_rows<2>(qp, k, head_dim, scale, s, ahead, pass, passes);
+    else scores_rows<1>(qp, k, head_dim, scale, s, ahead, pass, passes);
     for (int r = 0; r < gn; ++r) {
       const int g = g0 + r;
       const __m512 sr = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, s[r]);
