@@ -215,7 +215,7 @@ class Engine:
         control = self.spec_control.for_batch(len(decoding)) if self.spec_control is not None else None
         self.step_context = StepContext(paused=(limit is not None and len(decoding) > limit)
                                         or (control is not None and not control.speculate))
-        before = sum(seq.num_tokens for seq in decoding) if control is not None else 0
+        before = [seq.num_tokens for seq in decoding] if control is not None else []
         decode = [] if self.step_context.paused else [seq for seq in decoding if self.proposer.ready(seq)]
         cap = control.mode if control is not None else self.proposer.max_draft_tokens
         ks = [min(cap, self._num_drafts(seq)) for seq in decode]
@@ -233,8 +233,9 @@ class Engine:
         if decoding and self.spec.method != "none" and (self.step_context.paused or decode):
             self.decode_steps["paused" if self.step_context.paused else "speculating"] += 1
         if control is not None and decoding:
-            control.record(time.perf_counter() - t0, sum(seq.num_tokens for seq in decoding) - before,
-                           measured=len(decoding) == len(batch), sequences=len(decoding))
+            gained = [seq.num_tokens - n for seq, n in zip(decoding, before)]
+            control.record(time.perf_counter() - t0, sum(gained), measured=len(decoding) == len(batch),
+                           sequences=len(decoding), accepted=[max(g - 1, 0) for g in gained])
         if self._plan_ahead_possible():
             self._next_plan = self.planner.schedule_async(self.proposer.lookahead)
         return got_tokens

@@ -23,14 +23,20 @@ skipped as if it had lost (the phase still doubles), except once a phase has rea
 streams, where a verification row costs as much as a decoding one, this leaves one cheap
 survey instead of a probe of every length.
 
-A mode's rate is the output tokens per second of the decode-only steps it ran (steps that
-also prefill are not comparable and are not measured), averaged over its phases with
-weight ``decay`` on the past. Every mode gives the same tokens (speculation is lossless),
-so the choice only moves speed: at worst a probe's share of steps runs a slower mode.
+A mode's rate is its tokens per step over its seconds per step, both per sequence: the
+seconds averaged over the decode-only steps it ran (steps that also prefill are not
+comparable and are not measured) and over its phases with weight ``decay`` on the past; the
+tokens likewise until the first draft position has been seen often enough, then from the
+acceptance per position pooled over all draft lengths (``DraftAcceptance``: a probe of a
+few steps would otherwise rank lengths by the luck of its drafts). Every mode gives the
+same tokens (speculation is lossless), so the choice only moves speed: at worst a probe's
+share of steps runs a slower mode.
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from .draft_acceptance import DraftAcceptance
 
 
 def chain_tokens(acceptance: float, k: int) -> float:
@@ -68,6 +74,7 @@ class SpeculationControl:
         self.rates: Dict[int, Optional[float]] = dict.fromkeys(self.modes)   # draft length -> tokens/s
         # draft length -> (tokens, seconds) per sequence and step, averaged like the rates
         self.per_sequence: Dict[int, Optional[Tuple[float, float]]] = dict.fromkeys(self.modes)
+        self.acceptance = DraftAcceptance(max(self.modes))   # drafts kept per position, all lengths pooled
         self.prior: Optional[Tuple[float, float]] = None   # (acceptance, slope) from elsewhere
         self.steps: Dict[int, int] = dict.fromkeys(self.modes, 0)            # decode steps run in each mode
         self.skipped = 0              # probes the cost model spared
@@ -132,18 +139,24 @@ class SpeculationControl:
         if model is None or self.per_sequence.get(0) is None:
             return None
         acceptance, slope = model
-        return chain_tokens(acceptance, mode) / (self.per_sequence[0][1] + slope * mode)
+        tokens = self.acceptance.tokens_per_step(mode) or chain_tokens(acceptance, mode)
+        return tokens / (self.per_sequence[0][1] + slope * mode)
 
     def _worth_probing(self, mode: int) -> bool:
         rate = self.predicted_rate(mode)
         return rate is None or rate >= (1 - self.margin) * self.rates[self.winner]
 
-    def record(self, seconds: float, tokens: int, measured: bool, sequences: int = 1) -> None:
+    def record(self, seconds: float, tokens: int, measured: bool, sequences: int = 1,
+               accepted: Optional[Sequence[int]] = None) -> None:
         """One step's wall time and output tokens over its ``sequences`` decoding sequences;
         ``measured``: a decode-only step. The first step of a phase is not measured: it pays
-        for the switch (a drafter catching up on the tokens decoded without it)."""
+        for the switch (a drafter catching up on the tokens decoded without it).
+        ``accepted``: the drafts each decoding sequence kept, which every step adds to the
+        pooled per-position acceptance (``DraftAcceptance``) whatever its draft length."""
         mode = self.mode
         self.steps[mode] += 1
+        if accepted is not None:
+            self.acceptance.record(mode, accepted)
         if self._fresh:
             self._fresh = False
             return
@@ -160,7 +173,7 @@ class SpeculationControl:
         tokens_per, seconds_per = now if old is None else (
             self.decay * o + (1 - self.decay) * n for o, n in zip(old, now))
         self.per_sequence[mode] = (tokens_per, seconds_per)
-        self.rates[mode] = tokens_per / seconds_per
+        self._update_rates()
         self._seconds, self._tokens, self._sequences = 0.0, 0, 0
         if self._surveying:   # climb: the fastest so far, and its neighbours not yet measured
             self.winner = max((m for m in self.modes if self.rates[m] is not None), key=lambda m: self.rates[m])
@@ -179,6 +192,14 @@ class SpeculationControl:
         else:                 # the winner's phase is over: probe one of its neighbours
             self.mode, self._left = self._next_probe()
         self._fresh = self.mode != mode
+
+    def _update_rates(self) -> None:
+        """Each measured mode's tokens/s: its tokens per step - from the pooled acceptance
+        once it has enough samples, else as measured - over its measured seconds per step."""
+        for m, measured in self.per_sequence.items():
+            if measured is not None:
+                pooled = self.acceptance.tokens_per_step(m) if m > 0 else None
+                self.rates[m] = (measured[0] if pooled is None else pooled) / measured[1]
 
     def _next_probe(self) -> Tuple[int, int]:
         """(mode, steps) after the winner's phase: the next neighbour's probe - or, if the
