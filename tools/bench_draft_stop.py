@@ -84,10 +84,13 @@ def main() -> None:
                      "tokens_per_step": round(st.get("acceptance_length", 1.0), 3),
                      "drafted_per_step": round(st.get("num_draft_tokens", 0) / steps, 3),
                      "accepted_per_position": [round(a, 3) for a in st.get("accepted_per_position", [])]})
+        if "adaptive_speculation" in st:   # decode steps per draft length the control ran
+            rows[-1]["adaptive_steps"] = st["adaptive_speculation"]["class_steps"]
         r = rows[-1]
         print(f"{name:10s} {r['tok_s']:7.1f} tok/s {r['vs_plain']:.3f}x plain (median per prompt "
               f"{r['median_prompt_vs_plain']:.3f}x), {r['tokens_per_step']:.2f} tokens and "
-              f"{r['drafted_per_step']:.2f} drafts per step")
+              f"{r['drafted_per_step']:.2f} drafts per step"
+              + (f"; steps per draft length {r['adaptive_steps']}" if "adaptive_steps" in r else ""))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"model": args.model, "heads": args.heads, "adaptive": args.adaptive, "prompts": len(held_out), "max_tokens": args.max_tokens,

@@ -118,6 +118,9 @@ def test_adaptive_engine_gives_plain_tokens():
     assert s["speculating_steps"] > 16 and s["plain_steps"] > 0   # the first phase, then a probe
     two = s["classes"]["2+"]   # both prompts decode together: K = 2 measured, then K = 1 probed
     assert two[2] > 0 and two[1] > 0
+    steps = s["class_steps"].values()   # over the classes, the totals
+    assert sum(n for c in steps for k, n in c.items() if k) == s["speculating_steps"]
+    assert sum(c[0] for c in steps) == s["plain_steps"]
 
 
 def test_batch_size_classes_learn_separately():
@@ -187,3 +190,15 @@ def test_a_batch_moving_across_a_class_boundary_keeps_its_class():
     assert c.for_batch(18) is not first and c.for_batch(18) is c.for_batch(12)   # the 16-31 class
     assert c.for_batch(11) is first and c.for_batch(5) is not first
     assert c.for_batch(1) is not c.for_batch(2)   # the smallest classes take no slack
+
+
+def test_a_priced_out_neighbour_does_not_delay_the_probe_of_one_that_may_win():
+    """K = 1 wins at 119 tok/s, K = 2 close behind at 116, plain decoding at 100 is priced
+    out (below 85% of the winner): after each of K = 1's phases the turn of plain decoding
+    is skipped for K = 2's probe, so in 600 steps K = 2 is probed about twice as often as
+    when a skip doubled the phase instead (29 steps against 14)."""
+    step = world(0.010, 0.0, 0.003, 0.55)
+    c = SpeculationControl(modes=(2, 1, 0))
+    run(c, step, 600)
+    assert c.winner == 1 and c.skipped >= 4
+    assert c.steps[2] >= 25 and c.steps[0] == c.probe_steps + 1   # plain decoding: the survey's measurement only

@@ -18,8 +18,9 @@ A cost model spares the probes that cannot win. Per sequence and step, a mode gi
 verification rows and drafting work to every sequence, so a step costs more in proportion)
 and ``e`` follows the acceptance ``a`` of a geometric fit, ``e(K) = 1 + a + ... + a^K``. A
 probe whose predicted rate ``e/u`` is below ``1 - margin`` of the winner's measured one is
-skipped as if it had lost (the phase still doubles), except once a phase has reached
-``max_phase_steps``: then it runs, so a changed regime is noticed. On a CPU with many
+skipped for the next neighbour in turn, and when all are skipped the phase doubles as if
+one had lost - except once a phase has reached ``max_phase_steps``: then the probe runs,
+so a changed regime is noticed. On a CPU with many
 streams, where a verification row costs as much as a decoding one, this leaves one cheap
 survey instead of a probe of every length.
 
@@ -202,17 +203,20 @@ class SpeculationControl:
                 self.rates[m] = (measured[0] if pooled is None else pooled) / measured[1]
 
     def _next_probe(self) -> Tuple[int, int]:
-        """(mode, steps) after the winner's phase: the next neighbour's probe - or, if the
-        cost model says it loses and the phases are not yet at their longest, the winner's
-        next phase, doubled as if the probe had confirmed it."""
+        """(mode, steps) after the winner's phase: the next neighbour in turn that the cost
+        model does not price as a loser (any, once the phases are at their longest) - or,
+        if it prices them all as losers, the winner's next phase, doubled as if a probe had
+        confirmed it. A neighbour priced out (plain decoding, say) does not delay the probe
+        of one that may win."""
         near = self._neighbours(self.winner)
-        mode = near[self._probe % len(near)]
-        self._probe += 1
-        if self._exploit < self.max_phase_steps and not self._worth_probing(mode):
+        for _ in range(len(near)):
+            mode = near[self._probe % len(near)]
+            self._probe += 1
+            if self._exploit >= self.max_phase_steps or self._worth_probing(mode):
+                return mode, self.probe_steps
             self.skipped += 1
-            self._exploit = min(self.max_phase_steps, 2 * self._exploit)
-            return self.winner, self._exploit
-        return mode, self.probe_steps
+        self._exploit = min(self.max_phase_steps, 2 * self._exploit)
+        return self.winner, self._exploit
 
 
 class BatchSpeculationControl:
@@ -260,9 +264,10 @@ class BatchSpeculationControl:
 
     def summary(self) -> dict:
         """Decode steps run speculating and plainly, probes the cost model spared, and per
-        class each draft length's measured tokens/s (0: plain decoding)."""
+        class each draft length's measured tokens/s and decode steps (0: plain decoding)."""
         steps = [c.steps for c in self.classes.values()]
         return {"speculating_steps": sum(n for s in steps for m, n in s.items() if m),
                 "plain_steps": sum(s.get(0, 0) for s in steps),
                 "skipped_probes": sum(c.skipped for c in self.classes.values()),
-                "classes": {f"{1 << (k - 1)}+": dict(c.rates) for k, c in sorted(self.classes.items())}}
+                "classes": {f"{1 << (k - 1)}+": dict(c.rates) for k, c in sorted(self.classes.items())},
+                "class_steps": {f"{1 << (k - 1)}+": dict(c.steps) for k, c in sorted(self.classes.items())}}
