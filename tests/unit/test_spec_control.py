@@ -202,3 +202,24 @@ def test_a_priced_out_neighbour_does_not_delay_the_probe_of_one_that_may_win():
     run(c, step, 600)
     assert c.winner == 1 and c.skipped >= 4
     assert c.steps[2] >= 25 and c.steps[0] == c.probe_steps + 1   # plain decoding: the survey's measurement only
+
+
+def test_the_catch_up_after_plain_decoding_is_not_measured():
+    """After plain decoding, a drafter's first step cannot draft (it has not seen the tokens
+    decoded plainly) and its second runs it over all of them: a step of K = 2 costs 16 ms
+    and gives 2.19 tokens, but the two steps after a plain phase give 1 token in 10 ms and
+    2.19 tokens in 40 ms. Those are left out, so K = 2's rate is its own (137 tok/s, plain
+    decoding 100) and it wins."""
+    steady = world(0.010, 0.0, 0.003, 0.7)
+    c = SpeculationControl(modes=(2, 0))
+    previous, since = None, 0
+    for _ in range(3000):
+        since = since + 1 if c.mode == previous else 0
+        previous = c.mode
+        seconds, tokens = steady(c.mode)
+        if c.mode and since == 0 and c.steps[0]:
+            seconds, tokens = 0.010, 1          # no drafts yet
+        elif c.mode and since == 1 and c.steps[0]:
+            seconds += 0.024                    # the catch-up
+        c.record(seconds, tokens, measured=True)
+    assert c.winner == 2 and c.rates[2] == pytest.approx(2.19 / 0.016)

@@ -88,7 +88,7 @@ class SpeculationControl:
         self._seconds = 0.0
         self._tokens = 0
         self._sequences = 0
-        self._fresh = False           # the next step is the first after a switch
+        self._unsettled = 0           # steps after a switch left unmeasured
 
     def start_with(self, mode: int, prior: Optional[Tuple[float, float]] = None) -> None:
         """Start the survey from ``mode`` (a verdict from elsewhere) instead; ``prior``:
@@ -150,16 +150,17 @@ class SpeculationControl:
     def record(self, seconds: float, tokens: int, measured: bool, sequences: int = 1,
                accepted: Optional[Sequence[int]] = None) -> None:
         """One step's wall time and output tokens over its ``sequences`` decoding sequences;
-        ``measured``: a decode-only step. The first step of a phase is not measured: it pays
-        for the switch (a drafter catching up on the tokens decoded without it).
+        ``measured``: a decode-only step. The first step of a phase is not measured, nor
+        the second after plain decoding: they pay for the switch (a drafter catching up on
+        the tokens decoded without it).
         ``accepted``: the drafts each decoding sequence kept, which every step adds to the
         pooled per-position acceptance (``DraftAcceptance``) whatever its draft length."""
         mode = self.mode
         self.steps[mode] += 1
         if accepted is not None:
             self.acceptance.record(mode, accepted)
-        if self._fresh:
-            self._fresh = False
+        if self._unsettled:
+            self._unsettled -= 1
             return
         if not measured or seconds <= 0:
             return
@@ -192,7 +193,10 @@ class SpeculationControl:
             self.mode, self._left = self.winner, self._exploit
         else:                 # the winner's phase is over: probe one of its neighbours
             self.mode, self._left = self._next_probe()
-        self._fresh = self.mode != mode
+        # A switch costs the step after it (the drafter catching up); from plain decoding
+        # the next one too: the first cannot draft (the drafter has not seen the tokens
+        # decoded plainly) and the second runs it over all of them (deferred refills).
+        self._unsettled = 0 if self.mode == mode else 2 if mode == 0 else 1
 
     def _update_rates(self) -> None:
         """Each measured mode's tokens/s: its tokens per step - from the pooled acceptance
