@@ -20,9 +20,9 @@ and ``e`` follows the acceptance ``a`` of a geometric fit, ``e(K) = 1 + a + ... 
 probe whose predicted rate ``e/u`` is below ``1 - margin`` of the winner's measured one is
 skipped for the next neighbour in turn, and when all are skipped the phase doubles as if
 one had lost - except once a phase has reached ``max_phase_steps``: then the probe runs,
-so a changed regime is noticed. On a CPU with many
-streams, where a verification row costs as much as a decoding one, this leaves one cheap
-survey instead of a probe of every length.
+so a changed regime is noticed. On a CPU with many streams, where a verification row
+costs as much as a decoding one, this leaves one cheap survey instead of a probe of every
+length.
 
 A mode's rate is its tokens per step over its seconds per step, both per sequence: the
 seconds averaged over the decode-only steps it ran (steps that also prefill are not
