@@ -180,6 +180,23 @@ def test_a_larger_class_borrows_the_cost_model_and_starts_plain():
         assert (big.steps[1] + big.steps[2] == 0) == (not spec_wins)
 
 
+def test_the_first_large_batch_surveys_from_plain_decoding():
+    """With nothing measured yet, a class of 4 or more sequences starts from plain decoding
+    (then climbs through K = 1), a smaller one from the configured length - also after
+    steps that only prefilled (no decoding sequence: the 1-sequence class, measuring
+    nothing), whose start is no verdict to copy."""
+    c = BatchSpeculationControl(modes=(4, 3, 2, 1, 0))
+    assert c.for_batch(0).mode == 4          # prefill-only steps: nothing measured
+    big = c.for_batch(64)
+    assert big.mode == 0 and big.prior is None
+    rates = {4: 100.0, 3: 150.0, 2: 250.0, 1: 450.0, 0: 600.0}
+    for _ in range(100):
+        big.record(1 / rates[big.mode], 1, measured=True)
+    assert big.winner == 0 and big.steps[4] == big.steps[3] == big.steps[2] == 0 and big.steps[1] > 0
+    assert BatchSpeculationControl(modes=(4, 3, 2, 1, 0)).for_batch(2).mode == 4
+    assert BatchSpeculationControl(modes=(4, 3, 2, 1, 0)).for_batch(4).mode == 0
+
+
 def test_a_batch_moving_across_a_class_boundary_keeps_its_class():
     """16 clients: the decoding batch moves 15, 16, 15, ... as requests finish and arrive;
     it stays in the class it entered (no verdict flapping), and leaves it once it moves a

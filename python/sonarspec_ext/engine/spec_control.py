@@ -231,9 +231,14 @@ class BatchSpeculationControl:
     starts its survey from plain decoding with the cost model of the nearest smaller class
     that has one (a larger batch's drafts cost at least as much per sequence, so the
     borrowed model errs towards probing them); without one, from the winner of the nearest
-    class already seen."""
+    class that has measured a mode. The first class to measure starts from the configured draft length
+    below ``PLAIN_FROM_CLASS`` and from plain decoding at or above it: a survey that opens
+    with K drafts for each of 64 sequences verifies 64 (1 + K) rows per step, steps that cost
+    several plain ones where the target is compute-bound; from plain decoding it climbs
+    through K = 1 instead, and only as far as drafts pay."""
 
     LAST_CLASS = 6   # 32 and more sequences
+    PLAIN_FROM_CLASS = 3   # 4 and more sequences
 
     def __init__(self, **kwargs):
         self._kwargs = kwargs
@@ -258,11 +263,15 @@ class BatchSpeculationControl:
         self._last = c
         if c not in self.classes:
             new = SpeculationControl(**self._kwargs)
-            if self.classes:
-                smaller = [k for k in self.classes if k < c and self.classes[k].model() is not None]
-                prior = self.classes[max(smaller)].model() if smaller and 0 in new.modes else None
-                nearest = self.classes[min(self.classes, key=lambda k: (abs(k - c), k))]
-                new.start_with(0 if prior is not None else nearest.winner, prior)
+            smaller = [k for k in self.classes if k < c and self.classes[k].model() is not None]
+            prior = self.classes[max(smaller)].model() if smaller and 0 in new.modes else None
+            seen = [k for k in self.classes if any(r is not None for r in self.classes[k].rates.values())]
+            if prior is not None:
+                new.start_with(0, prior)
+            elif seen:   # a verdict, not a start that has measured nothing (a class of prefill steps)
+                new.start_with(self.classes[min(seen, key=lambda k: (abs(k - c), k))].winner)
+            elif c >= self.PLAIN_FROM_CLASS and 0 in new.modes:
+                new.start_with(0)
             self.classes[c] = new
         return self.classes[c]
 
