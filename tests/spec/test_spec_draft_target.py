@@ -147,3 +147,35 @@ def test_speculation_pauses_under_load_and_resumes_losslessly(method, llama_dir,
     assert all(last[n] == ref[n] for n in last)
     with pytest.raises(ValueError, match="spec_max_batch"):
         LLM(llama_dir, spec_max_batch=-1)
+
+
+def test_a_prompt_prefilled_under_load_is_drafted_for_after_the_catch_up(llama_dir, plain_greedy, tmp_path):
+    """spec_max_batch=1: a request that arrives while two others decode is prefilled in a
+    paused step, and the MTP head defers its run over the prompt with the decoded tokens'
+    (nothing is run for it then); once it decodes alone, the catch-up runs the head over
+    prompt and tokens at once, leaving the drafts those of the request run alone."""
+    from helpers.mtp_fixtures import random_head, save
+    spec = SpecConfig(method="mtp", draft=save(random_head(llama_dir), str(tmp_path / "head")), num_draft_tokens=3)
+    first, late = prompts(2, seed=72), prompts(1, seed=73)[0]
+    llm = LLM(llama_dir, spec=spec, spec_max_batch=1)
+    eng, log = llm.engine, _record_proposals(llm)
+    short = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    ids = [eng.add_request(p, short) for p in first]
+    for _ in range(3):
+        eng.step()
+    sid = eng.add_request(late, long)
+    eng.step()   # the late prompt's prefill, beside two decoding sequences: a paused step
+    st = eng.proposer.state[sid]
+    assert st.pending_rows == len(late) and st.valid == 0 and st.logits is None
+    while eng.has_unfinished():
+        eng.step()
+    assert [eng.seqs[i].output_ids for i in ids] == plain_greedy(first, short)
+    assert eng.seqs[sid].output_ids == plain_greedy([late], long)[0]
+    mine = {n: d for s, n, d in log if s == sid}
+    assert mine   # it speculated once alone
+    alone = LLM(llama_dir, spec=spec)
+    alone_log = _record_proposals(alone)
+    alone.generate([late], long)
+    ref = {n: d for _, n, d in alone_log}
+    assert all(mine[n] == ref[n] for n in mine)

@@ -83,7 +83,7 @@ class MTPProposer(ChainDrafter):
             if gap or r.hidden is None or not len(r.hidden):
                 self.state.pop(seq.seq_id, None)   # a gap in the head's KV: stop drafting for it
                 continue
-            if self.step.paused and r.decoded and st is not None:   # run them once speculation resumes
+            if self.step.paused:   # decoded or prefilled under load: run them once speculation resumes
                 if held:
                     held.append(r.hidden)
                     st.pending_rows += len(r.hidden)

@@ -58,8 +58,8 @@ class StepRecord:
 @dataclass
 class StepContext:
     """What the engine tells a proposer about the step it hands to ``after_step``."""
-    #: the step decoded without speculation (under load): the proposer may defer the work
-    #: that follows a decoded token and catch up once speculation resumes
+    #: the step ran without speculation (under load): the proposer may defer the work that
+    #: follows its decoded tokens and prefilled chunks and catch up once speculation resumes
     paused: bool = False
     #: page tables captured by the engine while the next step is planned on the planner's
     #: thread (which may grow or release pages meanwhile); None: ask the planner
