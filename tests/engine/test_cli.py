@@ -104,10 +104,10 @@ def test_bench_spec_mtp_runs_every_scheme_in_one_run(llama_dir, draft_dir, tmp_p
     assert r.returncode == 2 and "cuda_graphs needs a CUDA device" in r.stderr
     r = run_cli("bench", "--spec", "mtp", "--model", llama_dir, "--draft", draft_dir, "--mtp", head, "--ks", "2",
                 "--mtp-ks", "2", "--batch-sizes", "1", "--max-tokens", "8", "--repeats", "1", "--temperature", "0.8",
-                "--top-p", "0.9", "--draft-sampling", "--json", str(out))
+                "--top-p", "0.9", "--no-draft-sampling", "--json", str(out))
     assert r.returncode == 0, r.stderr
     info = json.loads(out.read_text())
-    assert (info["temperature"], info["top_p"], info["draft_sampling"]) == (0.8, 0.9, True) and "T = 0.8" in r.stdout
+    assert (info["temperature"], info["top_p"], info["draft_sampling"]) == (0.8, 0.9, False) and "T = 0.8" in r.stdout
     assert all(row["tok_s"] > 0 and "greedy_agreement" not in row for row in info["results"])
 
 

@@ -75,9 +75,9 @@ def test_padded_draft_vocab_is_tolerated_and_mismatched_tokenizer_rejected(llama
 
 def test_pages_return_after_random_requests_aborts_and_preemption(llama_dir, draft_dir):
     llm = LLM(llama_dir, spec=SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=4),
-              page_size=4, num_pages=60, max_num_seqs=8)
+              page_size=4, num_pages=48, max_num_seqs=8)
     eng = run_random_workload(llm, seed=3)
-    assert eng.planner.num_free_pages == 60 and not eng.proposer.state and not eng.proposer.waiting
+    assert eng.planner.num_free_pages == 48 and not eng.proposer.state and not eng.proposer.waiting
     assert eng.finished.totals["num_preemptions"] > 0
 
 

@@ -84,6 +84,41 @@ def test_sampled_drafts_equal_round_by_round(method, k, monkeypatch):
     assert any(pa is None for step in a for _, pa in step) and any(pa is not None for step in a for _, pa in step)
 
 
+@pytest.mark.parametrize("method", ["mtp", "draft_target"])
+def test_draft_sampling_keeps_greedy_requests_on_the_fused_refill_and_chain(method):
+    """Draft sampling (the default) changes nothing for greedy requests: their steps still
+    run the drafter's waiting re-run and its chain as one native call (``refill_chain``),
+    as often and with the same drafts and outputs as an engine that never samples drafts;
+    a sampled request's steps draw drafts (with their distributions) and do not fuse."""
+    spec = SpecConfig(method=method, num_draft_tokens=3)
+    prompts = ["def parse_args(argv):", "class Stack:"]
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    runs = {}
+    for sampling in (True, False):
+        llm = LLM("default", spec=spec, draft_sampling=sampling)
+        fused, real = [], llm.engine.proposer.runner.refill_chain
+        seen, propose = [], llm.engine.proposer.propose
+
+        def counting(*a, real=real, fused=fused, **kw):
+            fused.append(1)
+            return real(*a, **kw)
+
+        def recording(seqs, ks, propose=propose, seen=seen):
+            out = propose(seqs, ks)
+            seen.append([(d.token_ids, d.probs is None) for d in out])
+            return out
+        llm.engine.proposer.runner.refill_chain = counting
+        llm.engine.proposer.propose = recording
+        outs = [o.token_ids for o in llm.generate(prompts, greedy)]
+        runs[sampling] = (outs, list(seen), len(fused))
+        if sampling:   # one sampled request: its steps draw drafts (with their distributions)
+            n = len(fused)
+            llm.generate(prompts[:1], SamplingParams(max_tokens=20, temperature=0.8, seed=5, ignore_eos=True))
+            assert len(fused) == n and any(not point for step in seen for _, point in step)
+    assert runs[True][0] == runs[False][0] and runs[True][1] == runs[False][1]
+    assert runs[True][2] == runs[False][2] > 5
+
+
 @pytest.mark.parametrize("method,k", [("mtp", 3), ("draft_target", 4)])
 def test_packaged_models_batch_4(method, k, monkeypatch):
     spec = SpecConfig(method=method, num_draft_tokens=k)

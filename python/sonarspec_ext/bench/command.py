@@ -1,6 +1,7 @@
 """``sonarspec bench``: its options and the benchmark each ``--spec`` runs."""
 from __future__ import annotations
 
+import argparse
 import sys
 
 from ..params import QUANTIZATION_CHOICES
@@ -53,8 +54,9 @@ def add_bench_parser(sub, positive_int) -> None:
     b.add_argument("--temperature", type=float, default=0.0,
                    help="--spec all/mtp/eagle_tree: sample at this temperature (seeded per prompt; 0: greedy)")
     b.add_argument("--top-p", type=float, default=1.0, help="--spec all/mtp/eagle_tree: nucleus for sampling")
-    b.add_argument("--draft-sampling", action="store_true",
-                   help="draw sampled requests' drafts from the drafter's distribution (engine option draft_sampling)")
+    b.add_argument("--draft-sampling", action=argparse.BooleanOptionalAction, default=True,
+                   help="draw sampled requests' drafts from the drafter's distribution (engine option "
+                        "draft_sampling; --no-draft-sampling: their top tokens)")
     b.add_argument("--json", default=None, help="write results to this JSON file")
     b.set_defaults(func=run_bench)
 

@@ -92,7 +92,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                threads: Optional[int] = None, mtp: Optional[str] = None, mtp_ks=(1, 2, 3, 4),
                with_ngram: bool = True, spec_max_batch: Optional[int] = None, trees=(), device: str = "cpu",
                dtype: str = "float32", temperature: float = 0.0, top_p: float = 1.0,
-               draft_sampling: bool = False, cuda_graphs: bool = False, quantization: str = "auto",
+               draft_sampling: bool = True, cuda_graphs: bool = False, quantization: str = "auto",
                draft_quantization: str = "auto", adaptive: bool = False) -> dict:
     """Every scheme on the same prompts in one process. Each scheme's greedy output is
     first checked equal to plain decoding (on the CPU a difference is an error; on CUDA,

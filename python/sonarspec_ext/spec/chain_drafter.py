@@ -29,12 +29,14 @@ class ChainDrafter(Proposer):
         self.runner, self.planner = runner, planner
         self.max_draft_tokens, self.lookahead = num_draft_tokens, lookahead
         self.vocab_size, self.window = vocab_size, window
-        self.sample_drafts = sample_drafts       # False: take the top token (point-mass drafts)
-        self.stop_below = 0.0 if sample_drafts else stop_below
+        # sampled requests' drafts drawn from their processed distribution q (greedy requests
+        # always take the top token: point-mass drafts); False: every draft is the top token
+        self.sample_drafts = sample_drafts
+        self.stop_below = stop_below   # point-mass chains only
         self.device_chain = True   # greedy chains stay on the device where the native chain does not apply
         self.state: Dict[int, object] = {}       # seq_id -> what the drafter carries (the subclass's)
         self.waiting: Dict[int, RefillRow] = {}  # seq_id -> a re-run waiting for the next draft
-        self.defer_refills = not sample_drafts and runner.device.type == "cpu"
+        self.defer_refills = runner.device.type == "cpu"
 
     # ---- the subclass's part ----------------------------------------------------------
     def _carry(self, row: RefillRow, logits: torch.Tensor, output: Optional[torch.Tensor]) -> None:
@@ -88,7 +90,10 @@ class ChainDrafter(Proposer):
 
     def _refill_chains(self, seqs: Sequence, ks: Sequence[int]) -> Optional[List[Draft]]:
         """Drafts from one native call running every sequence's waiting re-run and then its
-        chain, when all of them have one and take the same k; else None."""
+        chain of top tokens, when all of them have one, take the same k and draft top tokens
+        (greedy requests, or no draft sampling); else None."""
+        if self.sample_drafts and not all(s.params.greedy for s in seqs):
+            return None
         found = waiting_rows(self.waiting, seqs, ks)
         if found is None:
             return None

@@ -116,7 +116,7 @@ def drafter_quantization(quantization: str, draft_dir: str, target) -> str:
 
 
 def make_proposer(spec: SpecConfig, draft_dir: Optional[str], target, planner, num_pages: int, page_size: int,
-                  dtype, device, draft_sampling: bool = False) -> Proposer:
+                  dtype, device, draft_sampling: bool = True) -> Proposer:
     if spec.method == "ngram":
         return NgramProposer(spec.num_draft_tokens)
     if spec.method == "none":

@@ -243,6 +243,7 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
         return None
     embed, lm_head, row_ids = io
     vocab = min(lm_head.shape[0], width)
+    sample_drafts = sample_drafts and not all(s.params.greedy for s in seqs)   # else top tokens throughout
     first = [draw_draft(s, lg, sample_drafts) for s, lg in zip(seqs, logits)]
     table = block_table(tables)
     sampling = None
