@@ -36,10 +36,12 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 def processed_probs_rows(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """``processed_probs`` of each row of ``logits`` (n, vocab_size) with its own entry of
     ``params``: rows sharing sampling parameters go through one native call."""
-    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     groups = {}
     for i, p in enumerate(params):
         groups.setdefault((p.greedy, p.temperature, p.top_k, p.top_p), []).append(i)
+    if len(groups) == 1:   # one request's rows, or requests alike: no gather and scatter
+        return processed_probs(logits, params[0])
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     for rows in groups.values():
         idx = torch.tensor(rows, device=logits.device)
         out[idx] = processed_probs(logits[idx], params[rows[0]])
