@@ -231,11 +231,11 @@ class BatchSpeculationControl:
     starts its survey from plain decoding with the cost model of the nearest smaller class
     that has one (a larger batch's drafts cost at least as much per sequence, so the
     borrowed model errs towards probing them); without one, from the winner of the nearest
-    class that has measured a mode. The first class to measure starts from the configured draft length
-    below ``PLAIN_FROM_CLASS`` and from plain decoding at or above it: a survey that opens
-    with K drafts for each of 64 sequences verifies 64 (1 + K) rows per step, steps that cost
-    several plain ones where the target is compute-bound; from plain decoding it climbs
-    through K = 1 instead, and only as far as drafts pay."""
+    class that has measured a mode. The first class to measure starts from the configured
+    draft length below ``PLAIN_FROM_CLASS`` and from plain decoding at or above it: a survey
+    that opens with K drafts for each of 64 sequences verifies 64 (1 + K) rows per step,
+    steps that cost several plain ones where the target is compute-bound; from plain
+    decoding it climbs through K = 1 instead, and only as far as drafts pay."""
 
     LAST_CLASS = 6   # 32 and more sequences
     PLAIN_FROM_CLASS = 3   # 4 and more sequences
