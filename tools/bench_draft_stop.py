@@ -4,8 +4,9 @@ chat prompts: the validation split of ``tools/chat_prompts.py`` (prompts the pac
 head was not trained on), each prompt run by plain decoding and by every configuration
 back to back, so that the machine's drift hits them alike; every greedy output checked
 equal to plain decoding (``--temperature T``: sampled, seeded per prompt, outputs not
-compared; ``--no-draft-sampling``: sampled requests draft top tokens). Prints and writes tokens/s, the ratio to plain decoding (over all prompts,
-and the median of the per-prompt ratios), tokens per step and drafted tokens per step.
+compared; ``--no-draft-sampling``: sampled requests draft top tokens). Prints and writes
+tokens/s, the ratio to plain decoding's (over all prompts, and the median of the
+per-prompt ratios), tokens per step and drafted tokens per step.
 
     python tools/bench_draft_stop.py [--model smollm2] [--prompts 60] [--max-tokens 128]
                                      [--configs 2 3 4:0.1] [--heads default DIR ...] [--adaptive]
