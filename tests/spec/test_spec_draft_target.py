@@ -150,10 +150,11 @@ def test_speculation_pauses_under_load_and_resumes_losslessly(method, llama_dir,
 
 
 def test_a_prompt_prefilled_under_load_is_drafted_for_after_the_catch_up(llama_dir, plain_greedy, tmp_path):
-    """spec_max_batch=1: a request that arrives while two others decode is prefilled in a
-    paused step, and the MTP head defers its run over the prompt with the decoded tokens'
-    (nothing is run for it then); once it decodes alone, the catch-up runs the head over
-    prompt and tokens at once, leaving the drafts those of the request run alone."""
+    """spec_max_batch=1: prompts prefilled in a paused step - two together (a step that only
+    prefills is judged by the sequences it prefills), then one arriving while they decode -
+    have the MTP head's run over them deferred with the decoded tokens'; once the late one
+    decodes alone, the catch-up runs the head over prompt and tokens at once, leaving the
+    drafts those of the request run alone."""
     from helpers.mtp_fixtures import random_head, save
     spec = SpecConfig(method="mtp", draft=save(random_head(llama_dir), str(tmp_path / "head")), num_draft_tokens=3)
     first, late = prompts(2, seed=72), prompts(1, seed=73)[0]
@@ -162,7 +163,9 @@ def test_a_prompt_prefilled_under_load_is_drafted_for_after_the_catch_up(llama_d
     short = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     ids = [eng.add_request(p, short) for p in first]
-    for _ in range(3):
+    eng.step()   # prefill only, of two prompts that decode next: paused too, the head deferred
+    assert all(eng.proposer.state[i].pending_rows == len(p) for i, p in zip(ids, first))
+    for _ in range(2):
         eng.step()
     sid = eng.add_request(late, long)
     eng.step()   # the late prompt's prefill, beside two decoding sequences: a paused step

@@ -210,10 +210,11 @@ class Engine:
         batch = [(self.seqs[sid], start, n) for sid, start, n in scheduled]
         decoding = [seq for seq, start, n in batch if n == 1 and start == seq.num_tokens - 1]
         # Under load (more decoding sequences than spec_max_batch) the step decodes plainly
-        # and drafters defer their refills, catching up once speculation resumes.
-        limit = self.config.spec_max_batch
-        control = self.spec_control.for_batch(len(decoding)) if self.spec_control is not None else None
-        self.step_context = StepContext(paused=(limit is not None and len(decoding) > limit)
+        # and drafters defer their refills, catching up once speculation resumes. A step that
+        # only prefills is judged by the sequences it prefills, which decode next.
+        limit, load = self.config.spec_max_batch, len(decoding) or len(batch)
+        control = self.spec_control.for_batch(load) if self.spec_control is not None else None
+        self.step_context = StepContext(paused=(limit is not None and load > limit)
                                         or (control is not None and not control.speculate))
         before = [seq.num_tokens for seq in decoding] if control is not None else []
         decode = [] if self.step_context.paused else [seq for seq in decoding if self.proposer.ready(seq)]
