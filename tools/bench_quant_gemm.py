@@ -55,6 +55,10 @@ def main() -> None:
     print(f"d {args.d}, {args.threads} threads, {_C.quant_kernel()} kernel, read bandwidth {gbs:.1f} GB/s")
     rows = []
     for fmt in ("bf16",) + QUANTIZED_FORMATS:
+        cols = 1 if fmt == "bf16" else gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt.upper()]][0]
+        if args.d % cols:
+            print(f"  {fmt:5s} skipped: its blocks take {cols} columns, which do not divide d {args.d}")
+            continue
         ws, one = matrices(fmt, args.d, args.mib, rng)
         for m in args.rows:
             x = torch.randn(m, args.d)
