@@ -125,6 +125,16 @@ class DecoderStack {
   }
 
   // sampling: (temperature, top_k, top_p, uniforms, probs) pointers, or all 0 for top tokens.
+  static const ChainSampling* make_sampling(const std::array<uintptr_t, 5>& sampling, ChainSampling& cs) {
+    if (sampling[0] == 0) return nullptr;
+    cs.temperature = reinterpret_cast<const float*>(sampling[0]);
+    cs.top_k = reinterpret_cast<const int64_t*>(sampling[1]);
+    cs.top_p = reinterpret_cast<const float*>(sampling[2]);
+    cs.uniforms = reinterpret_cast<const double*>(sampling[3]);
+    cs.probs = reinterpret_cast<float*>(sampling[4]);
+    return &cs;
+  }
+
   void chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t positions,
              int64_t batch, int64_t steps, const std::array<uintptr_t, 5>& sampling, uintptr_t out_tokens,
              int num_threads, const StopArgs& stop_args) {
@@ -132,18 +142,13 @@ class DecoderStack {
     if (vocab <= 0 || vocab > io.lm_rows || steps < 0) throw std::invalid_argument("DecoderStack: invalid vocab/steps");
     auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
     ChainSampling cs;
-    cs.temperature = reinterpret_cast<const float*>(sampling[0]);
-    cs.top_k = i(sampling[1]);
-    cs.top_p = reinterpret_cast<const float*>(sampling[2]);
-    cs.uniforms = reinterpret_cast<const double*>(sampling[3]);
-    cs.probs = reinterpret_cast<float*>(sampling[4]);
-    const bool sampled = sampling[0] != 0;
+    const ChainSampling* sampled = make_sampling(sampling, cs);
     ChainStop stop;
     const ChainStop* st = make_stop(stop_args, stop);
-    if (sampled && st != nullptr) throw std::invalid_argument("DecoderStack: sampled chains do not stop early");
+    if (sampled != nullptr && st != nullptr) throw std::invalid_argument("DecoderStack: sampled chains do not stop early");
     py::gil_scoped_release release;
     stack_chain(weights_, shape_, io, vocab, i(tokens), reinterpret_cast<const float*>(features), i(positions), batch,
-                steps, sampled ? &cs : nullptr, reinterpret_cast<int64_t*>(out_tokens), num_threads, st);
+                steps, sampled, reinterpret_cast<int64_t*>(out_tokens), num_threads, st);
   }
 
   void rows_forward(const IOArgs& io_args, uintptr_t tokens, uintptr_t features, uintptr_t starts, uintptr_t lens,
@@ -158,16 +163,19 @@ class DecoderStack {
 
   void refill_chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t starts,
                     uintptr_t lens, int64_t batch, int64_t steps, uintptr_t out_logits, uintptr_t out_features,
-                    uintptr_t out_tokens, int num_threads, const StopArgs& stop_args) {
+                    uintptr_t out_tokens, int num_threads, const StopArgs& stop_args,
+                    const std::array<uintptr_t, 5>& sampling) {
     const StackIO io = make_io(io_args, features, batch);
     auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
     ChainStop stop;
     const ChainStop* st = make_stop(stop_args, stop);
+    ChainSampling cs;
+    const ChainSampling* sampled = make_sampling(sampling, cs);
     py::gil_scoped_release release;
     stack_refill_chain(weights_, shape_, io, vocab, i(tokens), reinterpret_cast<const float*>(features), i(starts),
                        i(lens), batch, steps, reinterpret_cast<float*>(out_logits),
                        reinterpret_cast<float*>(out_features), reinterpret_cast<int64_t*>(out_tokens), num_threads,
-                       st);
+                       st, sampled);
   }
 
   size_t num_layers() const { return layers_.size(); }
@@ -223,7 +231,7 @@ void bind_decoder_stack(py::module_& m) {
       .def("rows_forward", &DecoderStack::rows_forward,
            "Embed, stack and lm_head over rows of tokens: logits and outputs at each row's last token.")
       .def("refill_chain", &DecoderStack::refill_chain,
-           "A drafter's rows_forward, then the top token of each row and a greedy chain from it.")
+           "A drafter's rows_forward, then each row's top token (or a draw) and a chain from it.")
       .def_property_readonly("num_layers", &DecoderStack::num_layers);
 }
 

@@ -205,9 +205,9 @@ def test_misfit_heads_are_refused(llama_dir, heads, tmp_path):
 
 def test_pages_return_after_random_requests_aborts_and_preemption(llama_dir, heads):
     llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=3),
-              page_size=4, num_pages=60, max_num_seqs=8, max_num_batched_tokens=32)
+              page_size=4, num_pages=40, max_num_seqs=8, max_num_batched_tokens=32)
     eng = run_random_workload(llm, seed=5)
-    assert eng.planner.num_free_pages == 60 and not eng.proposer.state and not eng.proposer.waiting
+    assert eng.planner.num_free_pages == 40 and not eng.proposer.state and not eng.proposer.waiting
     assert eng.finished.totals["num_preemptions"] > 0
 
 

@@ -48,8 +48,9 @@ def test_draft_model_chains_equal_round_by_round(llama_dir, mistral_dir, request
 
 @pytest.mark.parametrize("method,k", [("mtp", 3), ("draft_target", 4)])
 def test_sampled_drafts_equal_round_by_round(method, k, monkeypatch):
-    """Drafts drawn from the drafter's distribution (draft_sampling): the native chain draws
-    the same tokens with the same distributions as the rounds one by one, for seeded sampled
+    """Drafts drawn from the drafter's distribution (draft_sampling): the native calls - the
+    drafter's refill with its chain (``refill_chain``), else the chain alone - draw the
+    same tokens with the same distributions as the rounds one by one, for seeded sampled
     requests mixed with a greedy one, and the outputs agree."""
     spec = SpecConfig(method=method, num_draft_tokens=k)
     prompts = ["def parse_args(argv):", "import os\n", "class Stack:"]
@@ -65,6 +66,15 @@ def test_sampled_drafts_equal_round_by_round(method, k, monkeypatch):
         monkeypatch.setattr(proposer_mod, "native_chains", counting if native else (lambda *a, **kw: None))
         llm = LLM("default", spec=spec, draft_sampling=True)
         llm.engine.proposer.device_chain = native
+        fused = llm.engine.proposer.runner.refill_chain
+        if native:
+            def fused_counting(*a, fused=fused, **kw):
+                out = fused(*a, **kw)
+                used.append(out is not None and kw.get("sampling") is not None)
+                return out
+            llm.engine.proposer.runner.refill_chain = fused_counting
+        else:   # the rounds one by one, the waiting refills run first
+            llm.engine.proposer._refill_chains = lambda seqs, ks: None
         seen, real = [], llm.engine.proposer.propose
 
         def recording(seqs, ks, real=real, seen=seen):
@@ -87,9 +97,10 @@ def test_sampled_drafts_equal_round_by_round(method, k, monkeypatch):
 @pytest.mark.parametrize("method", ["mtp", "draft_target"])
 def test_draft_sampling_keeps_greedy_requests_on_the_fused_refill_and_chain(method):
     """Draft sampling (the default) changes nothing for greedy requests: their steps still
-    run the drafter's waiting re-run and its chain as one native call (``refill_chain``),
-    as often and with the same drafts and outputs as an engine that never samples drafts;
-    a sampled request's steps draw drafts (with their distributions) and do not fuse."""
+    run the drafter's waiting re-run and its chain of top tokens as one native call
+    (``refill_chain``), as often and with the same drafts and outputs as an engine that
+    never samples drafts; a sampled request's steps draw their drafts (with their
+    distributions) in that call."""
     spec = SpecConfig(method=method, num_draft_tokens=3)
     prompts = ["def parse_args(argv):", "class Stack:"]
     greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
@@ -100,7 +111,7 @@ def test_draft_sampling_keeps_greedy_requests_on_the_fused_refill_and_chain(meth
         seen, propose = [], llm.engine.proposer.propose
 
         def counting(*a, real=real, fused=fused, **kw):
-            fused.append(1)
+            fused.append(kw.get("sampling") is not None)
             return real(*a, **kw)
 
         def recording(seqs, ks, propose=propose, seen=seen):
@@ -110,13 +121,13 @@ def test_draft_sampling_keeps_greedy_requests_on_the_fused_refill_and_chain(meth
         llm.engine.proposer.runner.refill_chain = counting
         llm.engine.proposer.propose = recording
         outs = [o.token_ids for o in llm.generate(prompts, greedy)]
-        runs[sampling] = (outs, list(seen), len(fused))
-        if sampling:   # one sampled request: its steps draw drafts (with their distributions)
+        runs[sampling] = (outs, list(seen), list(fused))
+        if sampling:   # one sampled request: its steps draw drafts (with their distributions), fused too
             n = len(fused)
             llm.generate(prompts[:1], SamplingParams(max_tokens=20, temperature=0.8, seed=5, ignore_eos=True))
-            assert len(fused) == n and any(not point for step in seen for _, point in step)
+            assert sum(fused[n:]) > 2 and any(not point for step in seen for _, point in step)
     assert runs[True][0] == runs[False][0] and runs[True][1] == runs[False][1]
-    assert runs[True][2] == runs[False][2] > 5
+    assert runs[True][2] == runs[False][2] and len(runs[True][2]) > 5 and not any(runs[True][2])
 
 
 @pytest.mark.parametrize("method,k", [("mtp", 3), ("draft_target", 4)])
@@ -202,8 +213,8 @@ def test_refill_chain_equals_rows_forward_then_top_token_then_chain(method):
     forward's outputs)."""
     from sonarspec_ext.ops.stack_drafting import block_table
     runner, rows, feats = _drafter_rows(method, seed=1)
-    logits, outputs, tokens, scores = runner.refill_chain(rows, None, 8192, 3, features=feats)
-    assert scores is None
+    logits, outputs, tokens, scores, probs = runner.refill_chain(rows, None, 8192, 3, features=feats)
+    assert scores is None and probs is None
     ref_logits, ref_outputs = runner._native_rows(rows, None, feats)
     first = ref_logits.argmax(-1)
     positions = torch.tensor([start + len(toks) for start, toks, _ in rows])
@@ -228,7 +239,7 @@ def test_chain_scores_are_the_drafter_probabilities_and_stop_the_chain():
     def run(scores=None, stop_below=0.0):
         return native_refill_chain(stack, *io, 8192, ids, starts, lens, table, runner.kv_cache.page_size, None, 3,
                                    None, row_ids, scores=scores, stop_below=stop_below)
-    logits, _, tokens = run()
+    logits, _, tokens, _ = run()
     scores = torch.empty(3, 4)
     assert torch.equal(run(scores)[2], tokens)
     assert torch.allclose(scores[:, 0].double(), torch.softmax(logits.double(), -1).max(-1).values, rtol=1e-5)

@@ -75,10 +75,13 @@ void stack_chain(const DecoderStackWeights& weights, const DecoderShape& shape, 
 // position starts[b] + lens[b] (an MTP head starting from out_features[b]). out_tokens:
 // (batch, 1 + steps). The same results as the two calls in turn with the top token taken
 // in between; `stop` (its out_probs (batch, 1 + steps), prior unused) scores the first
-// token too and counts it in each draft's probability.
+// token too and counts it in each draft's probability. With `sampling` (its uniforms
+// (batch, 1 + steps), probs (batch, 1 + steps, vocab); no `stop`) the first token and the
+// chain's are drawn as stack_chain draws them, the first with uniforms[b * (1 + steps)].
 void stack_refill_chain(const DecoderStackWeights& weights, const DecoderShape& shape, const StackIO& io,
                         int64_t vocab, const int64_t* tokens, const float* features, const int64_t* starts,
                         const int64_t* lens, int64_t batch, int64_t steps, float* out_logits, float* out_features,
-                        int64_t* out_tokens, int num_threads, const ChainStop* stop = nullptr);
+                        int64_t* out_tokens, int num_threads, const ChainStop* stop = nullptr,
+                        const ChainSampling* sampling = nullptr);
 
 }  // namespace sonarspec

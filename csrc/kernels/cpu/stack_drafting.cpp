@@ -87,6 +87,24 @@ void stack_rows_forward(const DecoderStackWeights& w, const DecoderShape& s, con
   lm_head(io, out_features, out_logits, batch, H, num_threads);
 }
 
+// Sequence b's token from logits l (the first `vocab`): a draw from its processed
+// distribution with uniform *u (temperature[b] > 0), else the top token; q gets the
+// distribution (one-hot for the top token).
+namespace {
+int64_t pick(const float* l, int64_t vocab, const ChainSampling& sampling, int64_t b, float* q, const double* u) {
+  if (sampling.temperature[b] > 0.f) {
+    processed_probs_cpu(l, q, 1, vocab, sampling.temperature[b], sampling.top_k[b], sampling.top_p[b], 1);
+    int64_t drawn, accepted, emitted;
+    chain_speculative_sampling_cpu(nullptr, nullptr, q, u, &drawn, &accepted, &emitted, 1, 0, vocab, 1);
+    return drawn;
+  }
+  const int64_t tok = top_token(l, vocab);
+  std::fill(q, q + vocab, 0.f);
+  q[tok] = 1.f;
+  return tok;
+}
+}  // namespace
+
 void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, int64_t vocab,
                  const int64_t* tokens, const float* features, const int64_t* positions, int64_t batch, int64_t steps,
                  const ChainSampling* sampling, int64_t* out_tokens, int num_threads, const ChainStop* stop) {
@@ -119,23 +137,8 @@ void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const Stac
     lm_head(io, feats.data(), logits.data(), batch, H, num_threads);
     for (int64_t b = 0; b < batch; ++b) {
       const float* l = logits.data() + b * io.lm_rows;
-      int64_t tok;
-      if (sampling == nullptr) {
-        tok = top_token(l, vocab);
-      } else {
-        float* q = sampling->probs + (b * steps + r) * vocab;
-        if (sampling->temperature[b] > 0.f) {
-          processed_probs_cpu(l, q, 1, vocab, sampling->temperature[b], sampling->top_k[b], sampling->top_p[b], 1);
-          int64_t drawn, accepted, emitted;
-          chain_speculative_sampling_cpu(nullptr, nullptr, q, sampling->uniforms + b * steps + r, &drawn, &accepted,
-                                         &emitted, 1, 0, vocab, 1);
-          tok = drawn;
-        } else {
-          tok = top_token(l, vocab);
-          std::fill(q, q + vocab, 0.f);
-          q[tok] = 1.f;
-        }
-      }
+      int64_t tok = sampling == nullptr ? top_token(l, vocab)
+          : pick(l, vocab, *sampling, b, sampling->probs + (b * steps + r) * vocab, sampling->uniforms + b * steps + r);
       if (probs != nullptr) {
         probs[b * steps + r] = token_probability(l, vocab, tok);
         likely[b] *= probs[b * steps + r];
@@ -150,17 +153,35 @@ void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const Stac
 void stack_refill_chain(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, int64_t vocab,
                         const int64_t* tokens, const float* features, const int64_t* starts, const int64_t* lens,
                         int64_t batch, int64_t steps, float* out_logits, float* out_features, int64_t* out_tokens,
-                        int num_threads, const ChainStop* stop) {
+                        int num_threads, const ChainStop* stop, const ChainSampling* sampling) {
   if (vocab <= 0 || vocab > io.lm_rows || steps < 0) throw std::invalid_argument("refill_chain: invalid vocab/steps");
+  if (stop != nullptr && sampling != nullptr) throw std::invalid_argument("refill_chain: sampled chains do not stop");
   stack_rows_forward(w, s, io, tokens, features, starts, lens, batch, out_logits, out_features, num_threads);
+  const int64_t width = steps + 1;   // tokens per row: the first, then the chain's
   std::vector<int64_t> first(batch), positions(batch), rest(static_cast<size_t>(batch * steps));
   std::vector<float> first_probs(stop != nullptr ? batch : 0), rest_probs(stop != nullptr ? batch * steps : 0);
+  // a sampled chain's uniforms and distributions, rounds 1.. of each row's
+  std::vector<double> rest_uniforms(sampling != nullptr ? batch * steps : 0);
+  std::vector<float> rest_q(sampling != nullptr ? batch * steps * vocab : 0);
+  ChainSampling chain_sampling;
   for (int64_t b = 0; b < batch; ++b) {
     const float* l = out_logits + b * io.lm_rows;
-    const int64_t row = top_token(l, vocab);
+    int64_t row;
+    if (sampling != nullptr) {
+      const double* u = sampling->uniforms + b * width;
+      row = pick(l, vocab, *sampling, b, sampling->probs + b * width * vocab, u);
+      std::copy(u + 1, u + width, rest_uniforms.begin() + b * steps);
+    } else {
+      row = top_token(l, vocab);
+    }
     if (stop != nullptr) first_probs[b] = token_probability(l, vocab, row);
     first[b] = row_token(io, row);
     positions[b] = starts[b] + lens[b];
+  }
+  if (sampling != nullptr) {
+    chain_sampling = *sampling;
+    chain_sampling.uniforms = rest_uniforms.data();
+    chain_sampling.probs = rest_q.data();
   }
   ChainStop chain_stop;
   if (stop != nullptr) {
@@ -169,14 +190,18 @@ void stack_refill_chain(const DecoderStackWeights& w, const DecoderShape& s, con
     chain_stop.prior = first_probs.data();
   }
   stack_chain(w, s, io, vocab, first.data(), features != nullptr ? out_features : nullptr, positions.data(), batch,
-              steps, nullptr, rest.data(), num_threads, stop != nullptr ? &chain_stop : nullptr);
+              steps, sampling != nullptr ? &chain_sampling : nullptr, rest.data(), num_threads,
+              stop != nullptr ? &chain_stop : nullptr);
   for (int64_t b = 0; b < batch; ++b) {
-    out_tokens[b * (steps + 1)] = first[b];
-    std::copy(rest.begin() + b * steps, rest.begin() + (b + 1) * steps, out_tokens + b * (steps + 1) + 1);
+    out_tokens[b * width] = first[b];
+    std::copy(rest.begin() + b * steps, rest.begin() + (b + 1) * steps, out_tokens + b * width + 1);
+    if (sampling != nullptr)
+      std::copy(rest_q.begin() + b * steps * vocab, rest_q.begin() + (b + 1) * steps * vocab,
+                sampling->probs + (b * width + 1) * vocab);
     if (stop != nullptr && stop->out_probs != nullptr) {
-      stop->out_probs[b * (steps + 1)] = first_probs[b];
+      stop->out_probs[b * width] = first_probs[b];
       std::copy(rest_probs.begin() + b * steps, rest_probs.begin() + (b + 1) * steps,
-                stop->out_probs + b * (steps + 1) + 1);
+                stop->out_probs + b * width + 1);
     }
   }
 }

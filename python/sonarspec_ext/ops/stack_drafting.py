@@ -131,6 +131,22 @@ def _stop_args(scores: Optional[torch.Tensor], shape: Tuple[int, int], stop_belo
     return scores.data_ptr(), float(stop_below), 0 if prior is None else prior.data_ptr()
 
 
+def _sampling_args(sampling: Optional[tuple], batch: int, rounds: int, vocab: int) -> tuple:
+    """(distributions (batch, rounds, vocab) to fill, the native pointers) of a sampled
+    chain's (temperature, top_k, top_p, uniforms (batch, rounds)); (None, zeros) without."""
+    if sampling is None:
+        return None, (0, 0, 0, 0, 0)
+    temperature, top_k, top_p, uniforms = sampling
+    for name, t, dtype in (("temperature", temperature, torch.float32), ("top_p", top_p, torch.float32),
+                           ("top_k", top_k, torch.int64)):
+        if t.dtype != dtype or t.shape != (batch,) or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {dtype} tensor of shape [{batch}]")
+    if uniforms.dtype != torch.float64 or uniforms.shape != (batch, rounds) or not uniforms.is_contiguous():
+        raise ValueError(f"uniforms must be a contiguous float64 tensor of shape [{batch}, {rounds}]")
+    probs = torch.empty(batch, rounds, vocab, dtype=torch.float32)
+    return probs, (temperature.data_ptr(), top_k.data_ptr(), top_p.data_ptr(), uniforms.data_ptr(), probs.data_ptr())
+
+
 def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, tokens: torch.Tensor,
           positions: torch.Tensor, block_table: torch.Tensor, page_size: int, window: Optional[int], steps: int,
           features: Optional[torch.Tensor] = None, sampling: Optional[tuple] = None,
@@ -159,17 +175,7 @@ def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab
         raise ValueError(f"vocab {vocab} must lie in 1..{lm_head.shape[0]} and steps be >= 0")
     args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, B, row_ids)
     out = torch.empty(B, steps, dtype=torch.int64)
-    probs, ptrs = None, (0, 0, 0, 0, 0)
-    if sampling is not None:
-        temperature, top_k, top_p, uniforms = sampling
-        for name, t, dtype in (("temperature", temperature, torch.float32), ("top_p", top_p, torch.float32),
-                               ("top_k", top_k, torch.int64)):
-            if t.dtype != dtype or t.shape != (B,) or not t.is_contiguous():
-                raise ValueError(f"{name} must be a contiguous {dtype} tensor of shape [{B}]")
-        if uniforms.dtype != torch.float64 or uniforms.shape != (B, steps) or not uniforms.is_contiguous():
-            raise ValueError(f"uniforms must be a contiguous float64 tensor of shape [{B}, {steps}]")
-        probs = torch.empty(B, steps, vocab, dtype=torch.float32)
-        ptrs = (temperature.data_ptr(), top_k.data_ptr(), top_p.data_ptr(), uniforms.data_ptr(), probs.data_ptr())
+    probs, ptrs = _sampling_args(sampling, B, steps, vocab)
     stop = _stop_args(scores, (B, steps), stop_below, prior)
     if stop[0] and sampling is not None:
         raise ValueError("scores and stop_below apply to greedy chains (no sampling)")
@@ -185,15 +191,18 @@ def refill_chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor
                  starts: torch.Tensor, lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
                  window: Optional[int], steps: int, features: Optional[torch.Tensor] = None,
                  row_ids: Optional[torch.Tensor] = None, scores: Optional[torch.Tensor] = None,
-                 stop_below: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 stop_below: float = 0.0, sampling: Optional[tuple] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """A drafter's refill and its next greedy chain in one call: ``rows_forward`` over the
     rows (``features`` as there), then per row the top token among the first ``vocab``
     logits and ``steps`` ``chain`` rounds from it at the position after the row (an MTP
     head from the row's output). Returns (logits (rows, lm_head rows) and outputs (rows,
     hidden) after each row's last token, tokens (rows, 1 + steps), lm_head rows mapped
-    through ``row_ids`` as in ``chain``): what the two calls return with the top token taken
-    in between. ``scores`` (rows, 1 + steps) and ``stop_below`` as in ``chain``, the first
-    token scored too."""
+    through ``row_ids`` as in ``chain``, and with ``sampling`` - as ``chain``'s, uniforms
+    (rows, 1 + steps): the first token drawn with the row's first - the distributions
+    (rows, 1 + steps, vocab), else None): what the two calls return with the top token (or
+    the draw) taken in between. ``scores`` (rows, 1 + steps) and ``stop_below`` as in
+    ``chain``, the first token scored too (greedy chains only)."""
     B, T = _rows(tokens, starts, lens)
     if not 0 < vocab <= lm_head.shape[0] or steps < 0:
         raise ValueError(f"vocab {vocab} must lie in 1..{lm_head.shape[0]} and steps be >= 0")
@@ -201,11 +210,14 @@ def refill_chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor
     logits = torch.empty(B, lm_head.shape[0], dtype=torch.float32)
     outputs = torch.empty(B, stack.hidden, dtype=torch.float32)
     out = torch.empty(B, steps + 1, dtype=torch.int64)
+    probs, ptrs = _sampling_args(sampling, B, steps + 1, vocab)
+    stop = _stop_args(scores, (B, steps + 1), stop_below)
+    if stop[0] and sampling is not None:
+        raise ValueError("scores and stop_below apply to greedy chains (no sampling)")
     try:
         stack._native.refill_chain(args, vocab, tokens.data_ptr(), 0 if features is None else features.data_ptr(),
                                    starts.data_ptr(), lens.data_ptr(), B, steps, logits.data_ptr(),
-                                   outputs.data_ptr(), out.data_ptr(), native_threads(),
-                                   _stop_args(scores, (B, steps + 1), stop_below))
+                                   outputs.data_ptr(), out.data_ptr(), native_threads(), stop, ptrs)
     except IndexError as e:
         raise ValueError(str(e)) from None
-    return logits, outputs, out
+    return logits, outputs, out, probs

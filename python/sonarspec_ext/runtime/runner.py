@@ -1,7 +1,7 @@
 """Runs one model over a packed batch on its paged KV cache."""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -117,14 +117,17 @@ class ModelRunner:
         return vocab_logits(logits, row_ids, self.model.vocab_size), outs
 
     def refill_chain(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int], vocab: int,
-                     steps: int, features: Optional[torch.Tensor] = None, stop_below: Optional[float] = None):
+                     steps: int, features: Optional[torch.Tensor] = None, stop_below: Optional[float] = None,
+                     sampling: Optional[Callable[[], tuple]] = None):
         """A drafter's ``forward_rows`` over (start, token ids, page table) rows (an MTP
         head with ``features``), then per row its top token among the first ``vocab`` logits
-        and ``steps`` greedy chain rounds from it, in one native call
-        (``ops.stack_drafting.refill_chain``): (logits and outputs at each row's last
-        token, tokens (rows, 1 + steps), with ``stop_below`` their scores (rows, 1 + steps)
-        and the chain stopped by it as ``spec.draft_stop`` describes, else None); None where
-        it does not apply."""
+        and ``steps`` chain rounds from it, in one native call: (logits and outputs at each
+        row's last token, tokens (rows, 1 + steps), with ``stop_below`` their scores (rows,
+        1 + steps) and the chain stopped by it as ``spec.draft_stop`` describes, else None,
+        with ``sampling`` the drafts' distributions (rows, 1 + steps, lm_head rows), else
+        None); None where it does not apply. ``sampling``: a function giving
+        ``ops.stack_drafting.refill_chain``'s sampling arguments (the tokens then drawn),
+        called only once the call applies - it draws the requests' uniforms."""
         inputs = self._native_inputs(rows)
         if inputs is None:
             return None
@@ -132,11 +135,12 @@ class ModelRunner:
         self.policy.record("native_stack")
         scores = None if stop_below is None else torch.empty(len(rows), steps + 1, dtype=torch.float32)
         with torch.inference_mode(), self.threads.native():   # draft vocabulary ids ascending: ties as in argmax
-            logits, outs, tokens = refill_chain(stack, *io, min(vocab, io[1].shape[0]), ids, starts, lens, table,
-                                                self.kv_cache.page_size, sliding_window, steps,
-                                                None if features is None else features.to(torch.float32), row_ids,
-                                                scores=scores, stop_below=stop_below or 0.0)
-        return vocab_logits(logits, row_ids, self.model.vocab_size), outs, tokens, scores
+            logits, outs, tokens, probs = refill_chain(stack, *io, min(vocab, io[1].shape[0]), ids, starts, lens,
+                                                       table, self.kv_cache.page_size, sliding_window, steps,
+                                                       None if features is None else features.to(torch.float32),
+                                                       row_ids, scores=scores, stop_below=stop_below or 0.0,
+                                                       sampling=None if sampling is None else sampling())
+        return vocab_logits(logits, row_ids, self.model.vocab_size), outs, tokens, scores, probs
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: PagedAttentionMetadata,

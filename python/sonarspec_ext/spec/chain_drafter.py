@@ -17,7 +17,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .draft_stop import truncate_rows
-from .proposer import Draft, Proposer, RefillRow, flush_waiting, fused_chains, propose_chains, waiting_rows
+from .proposer import (Draft, Proposer, RefillRow, chain_sampling, flush_waiting, fused_chains, propose_chains,
+                       vocab_probs, waiting_rows)
 
 
 class ChainDrafter(Proposer):
@@ -90,24 +91,29 @@ class ChainDrafter(Proposer):
 
     def _refill_chains(self, seqs: Sequence, ks: Sequence[int]) -> Optional[List[Draft]]:
         """Drafts from one native call running every sequence's waiting re-run and then its
-        chain of top tokens, when all of them have one, take the same k and draft top tokens
-        (greedy requests, or no draft sampling); else None."""
-        if self.sample_drafts and not all(s.params.greedy for s in seqs):
-            return None
+        chain, when all of them have one and take the same k; else None. Sampled requests
+        draw their drafts there (with draft sampling), greedy ones take top tokens, chains
+        of top tokens only stopping below ``stop_below``."""
         found = waiting_rows(self.waiting, seqs, ks)
         if found is None:
             return None
         k, rows = found
+        sampled = self.sample_drafts and not all(s.params.greedy for s in seqs)
         out = self.runner.refill_chain([(row.start, row.tokens, self.page_table(row.seq)) for row in rows],
                                        self.window, self.vocab_size, k - 1, features=self._features(rows),
-                                       stop_below=self.stop_below or None)
+                                       stop_below=None if sampled else self.stop_below or None,
+                                       sampling=(lambda: chain_sampling(seqs, k)) if sampled else None)
         if out is None:
             return None
-        logits, outs, tokens, scores = out
+        logits, outs, tokens, scores, probs = out
         logits = self.to_target_vocab(logits)
         for i, row in enumerate(rows):
             del self.waiting[row.seq.seq_id]
             self._carry(row, logits[i], outs[i])
+        if sampled:   # greedy requests: point masses
+            probs = vocab_probs(probs, self.runner.model.drafting_io()[2], self.vocab_size)
+            return [Draft(t, None if s.params.greedy else probs[i])
+                    for i, (s, t) in enumerate(zip(seqs, tokens.tolist()))]
         chains = tokens.tolist() if scores is None else truncate_rows(tokens, scores, self.stop_below)
         return [Draft(t) for t in chains]
 

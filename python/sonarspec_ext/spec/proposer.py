@@ -246,17 +246,7 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
     sample_drafts = sample_drafts and not all(s.params.greedy for s in seqs)   # else top tokens throughout
     first = [draw_draft(s, lg, sample_drafts) for s, lg in zip(seqs, logits)]
     table = block_table(tables)
-    sampling = None
-    if sample_drafts:
-        ps = [s.params for s in seqs]
-        uniforms = torch.zeros(B, k - 1, dtype=torch.float64)
-        for i, s in enumerate(seqs):
-            if not s.params.greedy:
-                uniforms[i] = torch.cat([torch.rand(1, dtype=torch.float64, generator=s.generator)
-                                         for _ in range(k - 1)])
-        sampling = (torch.tensor([0.0 if p.greedy else p.temperature for p in ps], dtype=torch.float32),
-                    torch.tensor([p.top_k for p in ps], dtype=torch.long),
-                    torch.tensor([p.top_p for p in ps], dtype=torch.float32), uniforms)
+    sampling = chain_sampling(seqs, k - 1) if sample_drafts else None
     packed = torch.from_numpy(np.asarray([t for t, _ in first] + list(positions), dtype=np.int64))
     stop = stop_below > 0 and not sample_drafts
     scores = torch.empty(B, k - 1, dtype=torch.float32) if stop else None
@@ -270,9 +260,29 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
                 for (t, _), row, p0, sc in zip(first, out.tolist(), prior.tolist(), scores.tolist())]
     if not sample_drafts:
         return [Draft([t] + row) for (t, _), row in zip(first, out.tolist())]
-    if row_ids is None:
-        probs = torch.nn.functional.pad(probs, (0, width - vocab))
-    else:   # per lm_head row -> per token of the drafts' vocabulary
-        probs = probs.new_zeros(B, k - 1, width).index_copy_(2, row_ids, probs)
+    probs = vocab_probs(probs, row_ids, width)
     return [Draft([t] + row, None if q is None else torch.cat([q[None], probs[i]]))   # greedy requests: point masses
             for i, ((t, q), row) in enumerate(zip(first, out.tolist()))]
+
+
+def chain_sampling(seqs: Sequence, rounds: int) -> tuple:
+    """A native chain's sampling arguments (``ops.stack_drafting.chain``): per sequence its
+    temperature (0 for greedy requests: top tokens), top_k, top_p and ``rounds`` uniforms
+    from its generator, drawn in round order (greedy requests draw none)."""
+    uniforms = torch.zeros(len(seqs), rounds, dtype=torch.float64)
+    for i, s in enumerate(seqs):
+        if not s.params.greedy:
+            uniforms[i] = torch.cat([torch.rand(1, dtype=torch.float64, generator=s.generator)
+                                     for _ in range(rounds)])
+    ps = [s.params for s in seqs]
+    return (torch.tensor([0.0 if p.greedy else p.temperature for p in ps], dtype=torch.float32),
+            torch.tensor([p.top_k for p in ps], dtype=torch.long),
+            torch.tensor([p.top_p for p in ps], dtype=torch.float32), uniforms)
+
+
+def vocab_probs(probs: torch.Tensor, row_ids: Optional[torch.Tensor], width: int) -> torch.Tensor:
+    """Distributions (batch, rounds, lm_head rows used) of a native chain as distributions
+    over the first ``width`` tokens: zero-padded, or through the token of each row."""
+    if row_ids is None:
+        return torch.nn.functional.pad(probs, (0, width - probs.shape[-1]))
+    return probs.new_zeros(*probs.shape[:2], width).index_copy_(2, row_ids[:probs.shape[-1]], probs)
