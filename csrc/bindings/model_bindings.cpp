@@ -145,7 +145,8 @@ class DecoderStack {
     const ChainSampling* sampled = make_sampling(sampling, cs);
     ChainStop stop;
     const ChainStop* st = make_stop(stop_args, stop);
-    if (sampled != nullptr && st != nullptr) throw std::invalid_argument("DecoderStack: sampled chains do not stop early");
+    if (sampled != nullptr && st != nullptr)
+      throw std::invalid_argument("DecoderStack: sampled chains do not stop early");
     py::gil_scoped_release release;
     stack_chain(weights_, shape_, io, vocab, i(tokens), reinterpret_cast<const float*>(features), i(positions), batch,
                 steps, sampled, reinterpret_cast<int64_t*>(out_tokens), num_threads, st);

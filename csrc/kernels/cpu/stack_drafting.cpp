@@ -87,10 +87,10 @@ void stack_rows_forward(const DecoderStackWeights& w, const DecoderShape& s, con
   lm_head(io, out_features, out_logits, batch, H, num_threads);
 }
 
+namespace {
 // Sequence b's token from logits l (the first `vocab`): a draw from its processed
 // distribution with uniform *u (temperature[b] > 0), else the top token; q gets the
 // distribution (one-hot for the top token).
-namespace {
 int64_t pick(const float* l, int64_t vocab, const ChainSampling& sampling, int64_t b, float* q, const double* u) {
   if (sampling.temperature[b] > 0.f) {
     processed_probs_cpu(l, q, 1, vocab, sampling.temperature[b], sampling.top_k[b], sampling.top_p[b], 1);
