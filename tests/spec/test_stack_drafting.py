@@ -226,6 +226,28 @@ def test_refill_chain_equals_rows_forward_then_top_token_then_chain(method):
     assert torch.equal(tokens[:, 0], first) and torch.equal(tokens[:, 1:], ref_chain)
 
 
+def test_sampled_refill_chain_takes_well_formed_sampling_only():
+    """``ops.stack_drafting.refill_chain`` with sampling: uniforms of one per token drafted
+    (1 + steps per row) and no scores (a sampled chain does not stop early); else ValueError
+    naming what is wrong, before any native work."""
+    from sonarspec_ext.ops.stack_drafting import refill_chain as native_refill_chain
+    runner, rows, _ = _drafter_rows("draft_target", seed=3)
+    stack, io, row_ids, table, ids, starts, lens = runner._native_inputs(rows)
+    params = (torch.full((3,), 0.8), torch.zeros(3, dtype=torch.long), torch.ones(3))
+
+    def run(uniforms, scores=None):
+        return native_refill_chain(stack, *io, 8192, ids, starts, lens, table, runner.kv_cache.page_size, None, 3,
+                                   None, row_ids, scores=scores, sampling=params + (uniforms,))
+    _, _, tokens, probs = run(torch.rand(3, 4, dtype=torch.float64))
+    assert tokens.shape == (3, 4) and probs.shape == (3, 4, 8192)
+    assert torch.allclose(probs.sum(-1), torch.ones(3, 4), atol=1e-5)
+    assert (probs.gather(2, tokens[:, :, None]) > 0).all()   # each token drawn where its distribution has mass
+    with pytest.raises(ValueError, match="uniforms must be"):
+        run(torch.rand(3, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="greedy chains"):
+        run(torch.rand(3, 4, dtype=torch.float64), scores=torch.empty(3, 4))
+
+
 def test_chain_scores_are_the_drafter_probabilities_and_stop_the_chain():
     """Greedy chains scored: each drafted token's softmax probability under the logits it was
     picked from (the refill's for the first, then each round's, recomputed by a row forward
