@@ -22,7 +22,7 @@ class EngineConfig:
     max_model_len: Optional[int] = None  # default: the model's max_position_embeddings
     # sampled requests draw their drafts from the drafter's processed distribution q instead of
     # taking its top token (greedy requests always take it); at T = 1 on SmolLM2 with its MTP head,
-    # top-token drafts ran 0.87-0.93x plain decoding and drawn ones 1.04-1.15x
+    # top-token drafts ran 0.86-0.92x plain decoding and drawn ones 1.11-1.19x (docs/benchmarks.md)
     draft_sampling: bool = True
     spec_max_batch: Optional[int] = None  # speculate only while at most this many sequences decode
     # speculate only while it measures faster than plain decoding (engine/spec_control.py)
