@@ -7,10 +7,10 @@ carried logits and runs the head k-1 more times on its own predicted features; a
 verification the head is re-run over the target's now-valid positions with the target's
 hidden states (accurate features), overwriting the chain's approximate KV entries and
 producing the carried logits and feature for the next step. On the CPU that re-run waits
-for the next step's drafting and, where that step drafts top tokens, runs with its chain as
-one native call (``ModelRunner.refill_chain``); a step that drafts otherwise (drafts drawn
-for sampled requests), or not at all, runs the waiting re-runs first - the same
-computations either way.
+for the next step's drafting and runs with its chain as one native call
+(``ModelRunner.refill_chain``: top tokens, or draws for sampled requests); a step that
+drafts otherwise (chains of different lengths), or not at all, runs the waiting re-runs
+first - the same computations either way.
 """
 from __future__ import annotations
 
