@@ -115,9 +115,12 @@ def test_adaptive_engine_gives_plain_tokens():
     for _ in range(3):
         assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     s = llm.stats()["adaptive_speculation"]
-    assert s["speculating_steps"] > 16 and s["plain_steps"] > 0   # the first phase, then a probe
-    two = s["classes"]["2+"]   # both prompts decode together: K = 2 measured, then K = 1 probed
-    assert two[2] > 0 and two[1] > 0
+    # Which mode wins depends on this machine's timings; the survey does not: both prompts
+    # decode together (class 2+), K = 2 is measured first (probe_steps = 4 measured steps),
+    # then plain decoding as the baseline.
+    two = s["classes"]["2+"]
+    assert two[2] > 0 and two[0] > 0
+    assert s["speculating_steps"] >= 4 and s["plain_steps"] >= 4
     steps = s["class_steps"].values()   # over the classes, the totals
     assert sum(n for c in steps for k, n in c.items() if k) == s["speculating_steps"]
     assert sum(c[0] for c in steps) == s["plain_steps"]
