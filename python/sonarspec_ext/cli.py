@@ -69,7 +69,9 @@ def _make_llm(args):
     llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
               quantization=args.quantization, **options)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
+                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos,
+                            repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty)
     return llm, params, method
 
 
@@ -120,6 +122,12 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0: off)")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling (reproducible)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 1 discourages every token of the prompt and output so far (1.0: off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted from the logit of every token already generated, in [-2, 2] (0: off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted per occurrence of a token already generated, in [-2, 2] (0: off)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="activation dtype")

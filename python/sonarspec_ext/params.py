@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 # How weight matrices load (models.loader.resolve_quantization): "auto", "none", or one of
 # the block formats the native GEMM runs (ops.quantized.QUANTIZED_FORMATS).
@@ -15,6 +15,9 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_TOP_K = (1 << 31) - 1
 MAX_LOGPROBS = 20   # alternatives per token, as OpenAI's top_logprobs allows
 GREEDY_BELOW = 1e-5   # temperatures under this are greedy (dividing logits by them overflows)
+MAX_PENALTY = 2.0     # |presence_penalty|, |frequency_penalty|, as OpenAI bounds them
+MAX_LOGIT_BIAS = 100.0
+MAX_REPETITION_PENALTY = 100.0
 
 
 @dataclass(frozen=True)
@@ -27,8 +30,14 @@ class SamplingParams:
     regardless of batch composition. ``stop`` strings end the output before the match;
     ``stop_token_ids`` end it after the token (eos ids are added unless ``ignore_eos``).
     ``logprobs`` (0..20, None: off): each output token's log-probability under the target's
-    own distribution (its raw logits: before temperature, top-k or top-p), with that many
-    most likely alternatives, in ``RequestOutput.logprobs``.
+    own distribution (its raw logits: before penalties, temperature, top-k or top-p), with
+    that many most likely alternatives, in ``RequestOutput.logprobs``.
+
+    Penalties (``sampling.penalties``; greedy requests too): ``repetition_penalty`` (> 0,
+    1 = off) divides the positive logits and multiplies the negative ones of every token in
+    the prompt or the output so far; ``frequency_penalty`` and ``presence_penalty`` (in
+    [-2, 2], 0 = off) subtract per output token its count times the one plus the other;
+    ``logit_bias`` maps token ids to values in [-100, 100] added to their logits.
     """
     max_tokens: int = 16
     temperature: float = 1.0
@@ -39,6 +48,10 @@ class SamplingParams:
     stop_token_ids: Optional[Sequence[int]] = None
     ignore_eos: bool = False
     logprobs: Optional[int] = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: Optional[Dict[int, float]] = None
 
     def __post_init__(self):
         _check(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
@@ -68,10 +81,33 @@ class SamplingParams:
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
                                          and 0 <= self.logprobs <= MAX_LOGPROBS),
                f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        _check(_is_number(self.repetition_penalty) and 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY,
+               f"repetition_penalty must be a number in (0, {MAX_REPETITION_PENALTY:g}] (1 disables it), "
+               f"got {self.repetition_penalty!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            _check(_is_number(v) and -MAX_PENALTY <= v <= MAX_PENALTY,
+                   f"{name} must be a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}] (0 disables it), got {v!r}")
+        bias = self.logit_bias
+        _check(bias is None or isinstance(bias, dict), f"logit_bias must be a dict of token id -> bias, "
+                                                       f"got {type(bias).__name__}")
+        for t, v in (bias or {}).items():
+            _check(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX,
+                   f"logit_bias keys must be token ids (integers >= 0), got {t!r}")
+            _check(_is_number(v) and -MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS,
+                   f"logit_bias values must be numbers in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+                   f"got {v!r} for token {t}")
+        object.__setattr__(self, "logit_bias", {t: float(v) for t, v in bias.items() if v} if bias else None)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the target's logits are changed before sampling (penalties or bias)."""
+        return bool(self.repetition_penalty != 1.0 or self.frequency_penalty or self.presence_penalty
+                    or self.logit_bias)
 
 
 @dataclass

@@ -91,6 +91,11 @@ def test_concurrent_clients_share_batches_and_get_their_own_answers(server):
     ({"prompt": "x", "model": "gpt-4"}, 404, "not served here"),
     ({"max_tokens": 3}, 400, "prompt"),
     ({"prompt": "x" * 30_000}, 413, "larger than"),
+    ({"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ({"prompt": "x", "logit_bias": {"12": 101}}, 400, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"-3": 1}}, 400, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"1000000": 1}}, 400, "logit_bias"),
 ])
 def test_bad_requests_get_openai_errors_and_serving_goes_on(server, body, status, words):
     url = server[0]
@@ -222,3 +227,18 @@ def test_stop_strings_and_seeds_through_the_openai_client(server):
     c = client.completions.create(seed=12, **kw).choices[0].text
     assert a == b == oracle.generate(["import os\n"], SamplingParams(max_tokens=20, temperature=0.9, seed=11))[0].text
     assert c != a
+
+
+def test_penalties_and_logit_bias_through_the_openai_client(server):
+    openai = pytest.importorskip("openai")
+    url, _, _, oracle = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
+    msgs = [{"role": "user", "content": "List some colours."}]
+    tok = oracle.tokenizer.encode(" the")[0]
+    out = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, temperature=0,
+                                         presence_penalty=1.2, frequency_penalty=0.6, logit_bias={str(tok): 3.0},
+                                         user="someone", extra_body={"repetition_penalty": 1.3})
+    want = oracle.chat(msgs, SamplingParams(max_tokens=24, temperature=0, presence_penalty=1.2, frequency_penalty=0.6,
+                                            logit_bias={tok: 3.0}, repetition_penalty=1.3))[0]
+    assert out.choices[0].message.content == want.text
+    assert want.text != oracle.chat(msgs, SamplingParams(max_tokens=24, temperature=0))[0].text

@@ -128,6 +128,10 @@ class Engine:
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary "
                              f"[0, {self.model_config.vocab_size})")
+        bias = [t for t in params.logit_bias or () if t >= self.model_config.vocab_size]
+        if bias:
+            raise ValueError(f"logit_bias token id {bias[0]} is outside the vocabulary "
+                             f"[0, {self.model_config.vocab_size})")
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens but the context holds {self.max_model_len} "
                              f"(prompt plus at least one generated token)")
@@ -224,7 +228,7 @@ class Engine:
         drafts = dict(zip((s.seq_id for s in decode), self.proposer.propose(decode, ks)))
         t2 = time.perf_counter()
         if self.proposer.single_token_schedule and decode and len(decode) == len(batch) and all(
-                len(d.token_ids) == 1 for d in drafts.values()):
+                len(d.token_ids) == 1 for d in drafts.values()) and not any(s.params.penalized for s in decode):
             got_tokens = single_token_step(self, batch, drafts)
         else:
             got_tokens = generic_step(self, batch, drafts)

@@ -8,6 +8,7 @@ from typing import List
 from ..spec.proposer import StepRecord
 from .blocks import pack
 from ..spec.verify import verify_chains, verify_tree
+from ..sampling.penalties import apply_penalties
 from ..sampling.sampler import sample
 
 
@@ -20,6 +21,7 @@ def generic_step(engine, batch, drafts) -> List:
                                 hidden_indices=slice(None) if engine.proposer.needs_hidden else None)
     logits, hidden = out if engine.proposer.needs_hidden else (out, None)
     t3 = time.perf_counter()
+    raw_rows = apply_penalties(logits, blocks)   # penalized requests' raw rows, for their logprobs
     chains = [(_block_logits(logits, b), b.draft, b.seq.params, b.seq.generator)
               for b in blocks if b.at_end and b.draft is not None and b.draft.tree is None]
     chain_results = iter(verify_chains(chains))
@@ -42,7 +44,9 @@ def generic_step(engine, batch, drafts) -> List:
                 used += range(end, end + accepted)
         token_logits = None
         if seq.logprobs is not None and tokens:
-            token_logits = _block_logits(logits, b)[rows if rows is not None else slice(0, len(tokens))]
+            own = raw_rows.get(seq.seq_id)
+            token_logits = (_block_logits(logits, b) if own is None else own)[
+                rows if rows is not None else slice(0, len(tokens))]
         results.append((b, tokens, accepted, used, token_logits))
     t4 = time.perf_counter()
     records = []

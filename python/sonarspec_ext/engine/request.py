@@ -42,6 +42,7 @@ class Request:
         self.num_preemptions = 0
         # with params.logprobs: one sampling.logprobs.TokenLogprob per output token
         self.logprobs: Optional[list] = None if params.logprobs is None else []
+        self.token_counts = None   # with penalties: sampling.penalties.TokenCounts, made at the first step
 
     @property
     def all_ids(self) -> List[int]:

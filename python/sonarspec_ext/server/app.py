@@ -84,7 +84,7 @@ def create_app(llm: LLM, model_name: str, api_key: Optional[str] = None,
 
     app = FastAPI(title="sonarspec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.engine_loop = loop
-    max_len = llm.engine.max_model_len
+    max_len, vocab = llm.engine.max_model_len, llm.engine.model_config.vocab_size
 
     app.add_middleware(_Guard, api_key=api_key, max_body_bytes=limits.max_body_bytes)
 
@@ -114,7 +114,7 @@ def create_app(llm: LLM, model_name: str, api_key: Optional[str] = None,
     async def completions(request: Request):
         req = await _parse(request, CompletionRequest, limits, model_name)
         ids = _prompt_ids(llm, req.prompt)
-        params = _params(req, req.max_tokens, 16, len(ids), limits, max_len)
+        params = _params(req, req.max_tokens, 16, len(ids), limits, max_len, vocab)
         return await _respond(request, loop, ids, params, req, model_name, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -125,7 +125,8 @@ def create_app(llm: LLM, model_name: str, api_key: Optional[str] = None,
             ids, turn = llm.chat_request(messages, SamplingParams(max_tokens=1))
         except ValueError as e:
             raise BadRequest(str(e), param="messages") from None
-        params = replace(_params(req, req.max_completion_tokens or req.max_tokens, None, len(ids), limits, max_len),
+        params = replace(_params(req, req.max_completion_tokens or req.max_tokens, None, len(ids), limits, max_len,
+                                 vocab),
                          stop_token_ids=turn.stop_token_ids)
         return await _respond(request, loop, ids, params, req, model_name, chat=True)
 
@@ -190,7 +191,7 @@ def _prompt_ids(llm: LLM, prompt) -> List[int]:
 
 
 def _params(req, max_tokens: Optional[int], default: Optional[int], prompt_len: int, limits: ServerLimits,
-            max_len: int) -> SamplingParams:
+            max_len: int, vocab: int) -> SamplingParams:
     if prompt_len == 0:
         raise BadRequest("the prompt is empty", param="prompt")
     room = max_len - prompt_len
@@ -204,12 +205,27 @@ def _params(req, max_tokens: Optional[int], default: Optional[int], prompt_len: 
                          param="max_tokens")
     n = max_tokens if max_tokens is not None else (default or min(room, limits.max_tokens))
     stop = [req.stop] if isinstance(req.stop, str) else req.stop
+    bias = _logit_bias(req.logit_bias, vocab)
     try:
         return SamplingParams(max_tokens=min(n, room), temperature=req.temperature, top_k=max(0, req.top_k),
                               top_p=req.top_p, seed=req.seed, stop=stop or None, ignore_eos=req.ignore_eos,
-                              logprobs=_num_logprobs(req))
+                              logprobs=_num_logprobs(req), repetition_penalty=req.repetition_penalty,
+                              frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
+                              logit_bias=bias)
     except ValueError as e:
         raise BadRequest(str(e)) from None
+
+
+def _logit_bias(bias: Optional[Dict[str, float]], vocab: int) -> Optional[Dict[int, float]]:
+    """OpenAI's logit_bias (token ids as JSON object keys) as SamplingParams takes it."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit() and int(key) < vocab):
+            raise BadRequest(f"logit_bias keys must be token ids in [0, {vocab}), got {key!r}", param="logit_bias")
+        out[int(key)] = value
+    return out
 
 
 def _num_logprobs(req) -> Optional[int]:

@@ -25,6 +25,11 @@ class _Common(BaseModel):
     stream_options: Optional[StreamOptions] = None
     n: int = 1
     ignore_eos: bool = False
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(default=1.0, gt=0, le=100)   # vLLM's extra field
+    logit_bias: Optional[Dict[str, float]] = None   # token id -> bias in [-100, 100]
+    user: Optional[str] = None   # OpenAI's end-user id: accepted, not used
 
 
 class CompletionRequest(_Common):
