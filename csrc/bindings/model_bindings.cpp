@@ -135,9 +135,17 @@ class DecoderStack {
     return &cs;
   }
 
+  // penalties: (active, factors) pointers, or both 0 for none.
+  static const DraftPenalties* make_penalties(const std::array<uintptr_t, 2>& a, DraftPenalties& dp) {
+    if (a[0] == 0) return nullptr;
+    dp.active = reinterpret_cast<const uint8_t*>(a[0]);
+    dp.factors = reinterpret_cast<const float*>(a[1]);
+    return &dp;
+  }
+
   void chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t positions,
              int64_t batch, int64_t steps, const std::array<uintptr_t, 5>& sampling, uintptr_t out_tokens,
-             int num_threads, const StopArgs& stop_args) {
+             int num_threads, const StopArgs& stop_args, const std::array<uintptr_t, 2>& penalty_args) {
     const StackIO io = make_io(io_args, features, batch);
     if (vocab <= 0 || vocab > io.lm_rows || steps < 0) throw std::invalid_argument("DecoderStack: invalid vocab/steps");
     auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
@@ -147,9 +155,11 @@ class DecoderStack {
     const ChainStop* st = make_stop(stop_args, stop);
     if (sampled != nullptr && st != nullptr)
       throw std::invalid_argument("DecoderStack: sampled chains do not stop early");
+    DraftPenalties dp;
+    const DraftPenalties* pen = make_penalties(penalty_args, dp);
     py::gil_scoped_release release;
     stack_chain(weights_, shape_, io, vocab, i(tokens), reinterpret_cast<const float*>(features), i(positions), batch,
-                steps, sampled, reinterpret_cast<int64_t*>(out_tokens), num_threads, st);
+                steps, sampled, reinterpret_cast<int64_t*>(out_tokens), num_threads, st, pen);
   }
 
   void rows_forward(const IOArgs& io_args, uintptr_t tokens, uintptr_t features, uintptr_t starts, uintptr_t lens,
@@ -165,18 +175,20 @@ class DecoderStack {
   void refill_chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t starts,
                     uintptr_t lens, int64_t batch, int64_t steps, uintptr_t out_logits, uintptr_t out_features,
                     uintptr_t out_tokens, int num_threads, const StopArgs& stop_args,
-                    const std::array<uintptr_t, 5>& sampling) {
+                    const std::array<uintptr_t, 5>& sampling, const std::array<uintptr_t, 2>& penalty_args) {
     const StackIO io = make_io(io_args, features, batch);
     auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
     ChainStop stop;
     const ChainStop* st = make_stop(stop_args, stop);
     ChainSampling cs;
     const ChainSampling* sampled = make_sampling(sampling, cs);
+    DraftPenalties dp;
+    const DraftPenalties* pen = make_penalties(penalty_args, dp);
     py::gil_scoped_release release;
     stack_refill_chain(weights_, shape_, io, vocab, i(tokens), reinterpret_cast<const float*>(features), i(starts),
                        i(lens), batch, steps, reinterpret_cast<float*>(out_logits),
                        reinterpret_cast<float*>(out_features), reinterpret_cast<int64_t*>(out_tokens), num_threads,
-                       st, sampled);
+                       st, sampled, pen);
   }
 
   size_t num_layers() const { return layers_.size(); }

@@ -75,10 +75,11 @@ def test_speculative_penalties_equal_plain_decoding(spec, llama_dir, heads):
 
 
 def test_sampled_penalties_under_speculation_follow_the_penalized_law(llama_dir):
-    """draft_target with the target as its own draft: its unpenalized sampled drafts are
-    verified against penalized rows, so through rejections and residuals. The bias puts
-    most of the first token's mass on token 9, the penalties most of it back for a repeat.
-    (The greedy tests above check that a drafted row's penalties count the drafts before it.)"""
+    """draft_target with the target as its own draft: the drafter penalizes its logits from
+    the tokens before the step, the target's rows also count the drafts before them, so
+    drafts go through rejections and residuals. The bias puts most of the first token's
+    mass on token 9, the penalties most of it back for a repeat. (The greedy tests above
+    check that a drafted row's penalties count the drafts before it.)"""
     prompt, n = [9, 9, 9, 9, 17, 9], 1500
     pen = dict(repetition_penalty=1.6, presence_penalty=2.0, frequency_penalty=2.0, logit_bias={9: 8.0})
     hf = hf_load(llama_dir)

@@ -141,6 +141,31 @@ def test_packaged_models_batch_4(method, k, monkeypatch):
     assert a == b and out_a == out_b
 
 
+@pytest.mark.parametrize("method,k", [("mtp", 3), ("draft_target", 4)])
+def test_penalized_requests_draft_alike_natively_and_round_by_round(method, k, monkeypatch):
+    """Requests with penalties and a logit bias: the drafter applies them to its logits
+    (from the tokens before the step) in the native calls as in the rounds one by one -
+    the same drafts and outputs - and never drafts the token a -100 bias bans, though
+    without the bias it is the one drafted most."""
+    from collections import Counter
+    spec = SpecConfig(method=method, num_draft_tokens=k)
+    prompts = ["def parse_args(argv):", "import os\n", "class Stack:", "for i in range(10):"]
+    free, _, _ = record_drafts("default", spec, prompts, True, monkeypatch,
+                               SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))
+    banned, n = Counter(t for step in free for chain in step for t in chain).most_common(1)[0]
+    assert n >= 10
+    cases = [(dict(repetition_penalty=1.3), {}), (dict(presence_penalty=1.0, frequency_penalty=0.5), {}), ({}, {}),
+             (dict(repetition_penalty=0.9), {13: 2.0})]
+    params = [SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, logit_bias={banned: -100.0, **bias},
+                             **extra) for extra, bias in cases]
+    a, out_a, used = record_drafts("default", spec, prompts, True, monkeypatch, params)
+    b, out_b, _ = record_drafts("default", spec, prompts, False, monkeypatch, params)
+    assert sum(used) >= 8
+    assert a == b and out_a == out_b
+    assert not any(banned in chain for step in a for chain in step)
+    assert not any(banned in out for out in out_a)
+
+
 def _drafter_rows(method: str, seed: int):
     """The packaged drafter's runner, three rows (start, tokens, page table) of 5, 1 and 3
     tokens, and target features for an MTP head."""
@@ -203,7 +228,7 @@ def test_greedy_chain_rejects_bad_input():
     out, positions = torch.empty(1, 2, dtype=torch.int64), torch.tensor([3])
     with pytest.raises(ValueError, match="row_tokens needs one token per lm_head row"):
         stack._native.chain(args[:-1] + (5,), 100, one.data_ptr(), 0, positions.data_ptr(), 1, 2,
-                            (0, 0, 0, 0, 0), out.data_ptr(), 1, (0, 0.0, 0))
+                            (0, 0, 0, 0, 0), out.data_ptr(), 1, (0, 0.0, 0), (0, 0))
 
 
 @pytest.mark.parametrize("method", ["mtp", "draft_target"])

@@ -64,9 +64,23 @@ struct ChainStop {
   float stop_below = 0.f;
   const float* prior = nullptr;
 };
+// A request's penalties on the drafter's logits (its repetition / frequency / presence
+// penalty and logit bias, from its tokens before the step - not the chain's own drafts):
+// for each sequence b with active[b] != 0, logit j of the first `vocab` becomes
+// l * (l > 0 ? factors[b][0][j] : factors[b][1][j]) + factors[b][2][j] before its token is
+// taken, drawn or scored. factors: (batch, 3, vocab).
+struct DraftPenalties {
+  const uint8_t* active = nullptr;  // (batch,)
+  const float* factors = nullptr;
+  // Sequence b's logits l (the first vocab) as penalized: l itself where b has none, else
+  // scratch (vocab floats) filled with them.
+  const float* apply(const float* l, int64_t b, int64_t vocab, float* scratch) const;
+};
+
 void stack_chain(const DecoderStackWeights& weights, const DecoderShape& shape, const StackIO& io, int64_t vocab,
                  const int64_t* tokens, const float* features, const int64_t* positions, int64_t batch, int64_t steps,
-                 const ChainSampling* sampling, int64_t* out_tokens, int num_threads, const ChainStop* stop = nullptr);
+                 const ChainSampling* sampling, int64_t* out_tokens, int num_threads, const ChainStop* stop = nullptr,
+                 const DraftPenalties* penalties = nullptr);
 
 // A drafter's refill and its next chain in one call: stack_rows_forward over the rows
 // (features as there: an MTP head's target features, else null; out_logits (batch,
@@ -78,10 +92,11 @@ void stack_chain(const DecoderStackWeights& weights, const DecoderShape& shape, 
 // token too and counts it in each draft's probability. With `sampling` (its uniforms
 // (batch, 1 + steps), probs (batch, 1 + steps, vocab); no `stop`) the first token and the
 // chain's are drawn as stack_chain draws them, the first with uniforms[b * (1 + steps)].
+// `penalties` change the logits every token is taken from (out_logits stay the drafter's).
 void stack_refill_chain(const DecoderStackWeights& weights, const DecoderShape& shape, const StackIO& io,
                         int64_t vocab, const int64_t* tokens, const float* features, const int64_t* starts,
                         const int64_t* lens, int64_t batch, int64_t steps, float* out_logits, float* out_features,
                         int64_t* out_tokens, int num_threads, const ChainStop* stop = nullptr,
-                        const ChainSampling* sampling = nullptr);
+                        const ChainSampling* sampling = nullptr, const DraftPenalties* penalties = nullptr);
 
 }  // namespace sonarspec

@@ -87,6 +87,15 @@ void stack_rows_forward(const DecoderStackWeights& w, const DecoderShape& s, con
   lm_head(io, out_features, out_logits, batch, H, num_threads);
 }
 
+const float* DraftPenalties::apply(const float* l, int64_t b, int64_t vocab, float* scratch) const {
+  if (active == nullptr || active[b] == 0) return l;
+  const float* pos = factors + b * 3 * vocab;
+  const float* neg = pos + vocab;
+  const float* shift = neg + vocab;
+  for (int64_t j = 0; j < vocab; ++j) scratch[j] = l[j] * (l[j] > 0.f ? pos[j] : neg[j]) + shift[j];
+  return scratch;
+}
+
 namespace {
 // Sequence b's token from logits l (the first `vocab`): a draw from its processed
 // distribution with uniform *u (temperature[b] > 0), else the top token; q gets the
@@ -107,10 +116,12 @@ int64_t pick(const float* l, int64_t vocab, const ChainSampling& sampling, int64
 
 void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, int64_t vocab,
                  const int64_t* tokens, const float* features, const int64_t* positions, int64_t batch, int64_t steps,
-                 const ChainSampling* sampling, int64_t* out_tokens, int num_threads, const ChainStop* stop) {
+                 const ChainSampling* sampling, int64_t* out_tokens, int num_threads, const ChainStop* stop,
+                 const DraftPenalties* penalties) {
   const int64_t H = s.hidden;
   Step step(io, batch, H);
   std::vector<float> feats(static_cast<size_t>(batch * H)), logits(static_cast<size_t>(batch * io.lm_rows));
+  std::vector<float> penalized(penalties != nullptr ? vocab : 0);
   std::vector<int64_t> next(tokens, tokens + batch);
   if (features != nullptr) std::memcpy(feats.data(), features, sizeof(float) * batch * H);
   float* probs = stop != nullptr ? stop->out_probs : nullptr;
@@ -137,6 +148,7 @@ void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const Stac
     lm_head(io, feats.data(), logits.data(), batch, H, num_threads);
     for (int64_t b = 0; b < batch; ++b) {
       const float* l = logits.data() + b * io.lm_rows;
+      if (penalties != nullptr) l = penalties->apply(l, b, vocab, penalized.data());
       int64_t tok = sampling == nullptr ? top_token(l, vocab)
           : pick(l, vocab, *sampling, b, sampling->probs + (b * steps + r) * vocab, sampling->uniforms + b * steps + r);
       if (probs != nullptr) {
@@ -153,7 +165,8 @@ void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const Stac
 void stack_refill_chain(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, int64_t vocab,
                         const int64_t* tokens, const float* features, const int64_t* starts, const int64_t* lens,
                         int64_t batch, int64_t steps, float* out_logits, float* out_features, int64_t* out_tokens,
-                        int num_threads, const ChainStop* stop, const ChainSampling* sampling) {
+                        int num_threads, const ChainStop* stop, const ChainSampling* sampling,
+                        const DraftPenalties* penalties) {
   if (vocab <= 0 || vocab > io.lm_rows || steps < 0) throw std::invalid_argument("refill_chain: invalid vocab/steps");
   if (stop != nullptr && sampling != nullptr) throw std::invalid_argument("refill_chain: sampled chains do not stop");
   stack_rows_forward(w, s, io, tokens, features, starts, lens, batch, out_logits, out_features, num_threads);
@@ -164,8 +177,10 @@ void stack_refill_chain(const DecoderStackWeights& w, const DecoderShape& s, con
   std::vector<double> rest_uniforms(sampling != nullptr ? batch * steps : 0);
   std::vector<float> rest_q(sampling != nullptr ? batch * steps * vocab : 0);
   ChainSampling chain_sampling;
+  std::vector<float> penalized(penalties != nullptr ? vocab : 0);
   for (int64_t b = 0; b < batch; ++b) {
     const float* l = out_logits + b * io.lm_rows;
+    if (penalties != nullptr) l = penalties->apply(l, b, vocab, penalized.data());
     int64_t row;
     if (sampling != nullptr) {
       const double* u = sampling->uniforms + b * width;
@@ -191,7 +206,7 @@ void stack_refill_chain(const DecoderStackWeights& w, const DecoderShape& s, con
   }
   stack_chain(w, s, io, vocab, first.data(), features != nullptr ? out_features : nullptr, positions.data(), batch,
               steps, sampling != nullptr ? &chain_sampling : nullptr, rest.data(), num_threads,
-              stop != nullptr ? &chain_stop : nullptr);
+              stop != nullptr ? &chain_stop : nullptr, penalties);
   for (int64_t b = 0; b < batch; ++b) {
     out_tokens[b * width] = first[b];
     std::copy(rest.begin() + b * steps, rest.begin() + (b + 1) * steps, out_tokens + b * width + 1);

@@ -147,11 +147,25 @@ def _sampling_args(sampling: Optional[tuple], batch: int, rounds: int, vocab: in
     return probs, (temperature.data_ptr(), top_k.data_ptr(), top_p.data_ptr(), uniforms.data_ptr(), probs.data_ptr())
 
 
+def _penalty_args(penalties: Optional[tuple], batch: int, vocab: int) -> Tuple[int, int]:
+    """The native (active, factors) pointers of ``penalties`` = (active (batch,) uint8,
+    factors (batch, 3, vocab) float32; see ``DraftPenalties``), or zeros without."""
+    if penalties is None:
+        return 0, 0
+    active, factors = penalties
+    if active.dtype != torch.uint8 or active.shape != (batch,) or not active.is_contiguous():
+        raise ValueError(f"penalties' active flags must be a contiguous uint8 tensor of shape [{batch}]")
+    if factors.dtype != torch.float32 or factors.shape != (batch, 3, vocab) or not factors.is_contiguous():
+        raise ValueError(f"penalties' factors must be a contiguous float32 tensor of shape [{batch}, 3, {vocab}]")
+    return active.data_ptr(), factors.data_ptr()
+
+
 def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab: int, tokens: torch.Tensor,
           positions: torch.Tensor, block_table: torch.Tensor, page_size: int, window: Optional[int], steps: int,
           features: Optional[torch.Tensor] = None, sampling: Optional[tuple] = None,
           row_ids: Optional[torch.Tensor] = None, scores: Optional[torch.Tensor] = None, stop_below: float = 0.0,
-          prior: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+          prior: Optional[torch.Tensor] = None, penalties: Optional[tuple] = None
+          ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``steps`` rounds of one token per sequence: ``tokens`` (batch,) embedded at
     ``positions`` + round (an MTP head on ``features`` (batch, hidden), then on its own
     outputs), logits through ``lm_head``, and the round's token - the top one among the
@@ -165,7 +179,9 @@ def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab
     returns. Greedy chains (no ``sampling``) given ``scores`` (batch, steps) float32 write
     there each drafted token's softmax probability, and stop once every row's draft - the
     product of ``prior`` (batch,) (None: 1) and its scores so far - is below ``stop_below``:
-    the rounds not run leave token -1 and score 0."""
+    the rounds not run leave token -1 and score 0. ``penalties`` = (active (batch,) uint8,
+    factors (batch, 3, vocab) float32) change the logits of the active rows before their
+    tokens are taken, drawn or scored: l * (l > 0 ? factors[0] : factors[1]) + factors[2]."""
     B = tokens.shape[0] if isinstance(tokens, torch.Tensor) and tokens.dim() == 1 else 0
     if B == 0:
         raise ValueError("tokens must be a non-empty 1-D tensor")
@@ -181,7 +197,8 @@ def chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, vocab
         raise ValueError("scores and stop_below apply to greedy chains (no sampling)")
     try:
         stack._native.chain(args, vocab, tokens.data_ptr(), 0 if features is None else features.data_ptr(),
-                            positions.data_ptr(), B, steps, ptrs, out.data_ptr(), native_threads(), stop)
+                            positions.data_ptr(), B, steps, ptrs, out.data_ptr(), native_threads(), stop,
+                            _penalty_args(penalties, B, vocab))
     except IndexError as e:
         raise ValueError(str(e)) from None
     return out, probs
@@ -191,7 +208,7 @@ def refill_chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor
                  starts: torch.Tensor, lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
                  window: Optional[int], steps: int, features: Optional[torch.Tensor] = None,
                  row_ids: Optional[torch.Tensor] = None, scores: Optional[torch.Tensor] = None,
-                 stop_below: float = 0.0, sampling: Optional[tuple] = None
+                 stop_below: float = 0.0, sampling: Optional[tuple] = None, penalties: Optional[tuple] = None
                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """A drafter's refill and its next greedy chain in one call: ``rows_forward`` over the
     rows (``features`` as there), then per row the top token among the first ``vocab``
@@ -202,7 +219,8 @@ def refill_chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor
     (rows, 1 + steps): the first token drawn with the row's first - the distributions
     (rows, 1 + steps, vocab), else None): what the two calls return with the top token (or
     the draw) taken in between. ``scores`` (rows, 1 + steps) and ``stop_below`` as in
-    ``chain``, the first token scored too (greedy chains only)."""
+    ``chain``, the first token scored too (greedy chains only); ``penalties`` as in
+    ``chain``, for every token (the logits returned stay the drafter's)."""
     B, T = _rows(tokens, starts, lens)
     if not 0 < vocab <= lm_head.shape[0] or steps < 0:
         raise ValueError(f"vocab {vocab} must lie in 1..{lm_head.shape[0]} and steps be >= 0")
@@ -217,7 +235,8 @@ def refill_chain(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor
     try:
         stack._native.refill_chain(args, vocab, tokens.data_ptr(), 0 if features is None else features.data_ptr(),
                                    starts.data_ptr(), lens.data_ptr(), B, steps, logits.data_ptr(),
-                                   outputs.data_ptr(), out.data_ptr(), native_threads(), stop, ptrs)
+                                   outputs.data_ptr(), out.data_ptr(), native_threads(), stop, ptrs,
+                                   _penalty_args(penalties, B, vocab))
     except IndexError as e:
         raise ValueError(str(e)) from None
     return logits, outputs, out, probs

@@ -118,7 +118,8 @@ class ModelRunner:
 
     def refill_chain(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int], vocab: int,
                      steps: int, features: Optional[torch.Tensor] = None, stop_below: Optional[float] = None,
-                     sampling: Optional[Callable[[], tuple]] = None):
+                     sampling: Optional[Callable[[], tuple]] = None,
+                     penalties: Optional[Callable[[torch.Tensor, int], Optional[tuple]]] = None):
         """A drafter's ``forward_rows`` over (start, token ids, page table) rows (an MTP
         head with ``features``), then per row its top token among the first ``vocab`` logits
         and ``steps`` chain rounds from it, in one native call: (logits and outputs at each
@@ -127,19 +128,23 @@ class ModelRunner:
         with ``sampling`` the drafts' distributions (rows, 1 + steps, lm_head rows), else
         None); None where it does not apply. ``sampling``: a function giving
         ``ops.stack_drafting.refill_chain``'s sampling arguments (the tokens then drawn),
-        called only once the call applies - it draws the requests' uniforms."""
+        called only once the call applies - it draws the requests' uniforms. ``penalties``:
+        a function of (row_ids, lm_head rows used) giving the call's ``penalties`` argument
+        (or None)."""
         inputs = self._native_inputs(rows)
         if inputs is None:
             return None
         stack, io, row_ids, table, ids, starts, lens = inputs
         self.policy.record("native_stack")
         scores = None if stop_below is None else torch.empty(len(rows), steps + 1, dtype=torch.float32)
+        used = min(vocab, io[1].shape[0])
         with torch.inference_mode(), self.threads.native():   # draft vocabulary ids ascending: ties as in argmax
-            logits, outs, tokens, probs = refill_chain(stack, *io, min(vocab, io[1].shape[0]), ids, starts, lens,
+            logits, outs, tokens, probs = refill_chain(stack, *io, used, ids, starts, lens,
                                                        table, self.kv_cache.page_size, sliding_window, steps,
                                                        None if features is None else features.to(torch.float32),
                                                        row_ids, scores=scores, stop_below=stop_below or 0.0,
-                                                       sampling=None if sampling is None else sampling())
+                                                       sampling=None if sampling is None else sampling(),
+                                                       penalties=None if penalties is None else penalties(row_ids, used))
         return vocab_logits(logits, row_ids, self.model.vocab_size), outs, tokens, scores, probs
 
     @torch.inference_mode()

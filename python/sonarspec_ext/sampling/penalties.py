@@ -43,6 +43,7 @@ class TokenCounts:
         self.counts: Dict[int, int] = {}
         self.fresh: List[int] = []
         self._read = 0
+        self._factors = None   # ((output tokens read, vocab), draft_factors)
 
     def update(self, output_ids: Sequence[int]) -> "TokenCounts":
         for t in output_ids[self._read:]:
@@ -54,6 +55,47 @@ class TokenCounts:
 
     def seen(self, t: int) -> bool:
         return t in self.counts or t in self._in_prompt
+
+    def draft_factors(self, params, vocab: int) -> np.ndarray:
+        """(3, vocab) float32: the multiplier of positive logits, of the others, and the value
+        added after, per token - ``params``' penalties and bias from the tokens so far, as a
+        drafter applies them to its logits (``DraftPenalties`` natively; cached until the
+        output grows)."""
+        if self._factors is not None and self._factors[0] == (self._read, vocab):
+            return self._factors[1]
+        out = np.ones((3, vocab), dtype=np.float32)
+        out[2] = 0.0
+        seen = np.concatenate([self.prompt, np.asarray(self.fresh, dtype=np.int64)])
+        seen = seen[seen < vocab]
+        out[0, seen] = 1.0 / params.repetition_penalty
+        out[1, seen] = params.repetition_penalty
+        n = len(self.counts)
+        ids = np.fromiter(self.counts.keys(), dtype=np.int64, count=n)
+        counts = np.fromiter(self.counts.values(), dtype=np.float64, count=n)
+        keep = ids < vocab
+        out[2, ids[keep]] -= params.frequency_penalty * counts[keep] + params.presence_penalty
+        for t, b in (params.logit_bias or {}).items():
+            if t < vocab:
+                out[2, t] += b
+        self._factors = ((self._read, vocab), out)
+        return out
+
+
+def token_counts(seq) -> TokenCounts:
+    """A request's ``TokenCounts`` (made at its first use), brought up to date."""
+    if seq.token_counts is None:
+        seq.token_counts = TokenCounts(seq.prompt_ids)
+    return seq.token_counts.update(seq.output_ids)
+
+
+def penalize_draft_logits(logits: torch.Tensor, seq) -> torch.Tensor:
+    """A drafter's logits (..., vocab) over the target's vocabulary with ``seq``'s
+    penalties and bias applied as ``TokenCounts.draft_factors`` gives them (a new tensor;
+    ``logits`` itself for a request without any)."""
+    if not seq.params.penalized:
+        return logits
+    f = torch.from_numpy(token_counts(seq).draft_factors(seq.params, logits.shape[-1])).to(logits.device)
+    return logits * torch.where(logits > 0, f[0], f[1]) + f[2]
 
 
 def _block_entries(tokens: TokenCounts, drafts: Sequence[Sequence[int]], params, base: int, vocab: int,
@@ -109,9 +151,7 @@ def apply_penalties(logits: torch.Tensor, blocks) -> Dict[int, torch.Tensor]:
             continue
         if seq.logprobs is not None:
             raw[seq.seq_id] = logits[b.logits_offset:b.logits_offset + b.num_logits].clone()
-        if seq.token_counts is None:
-            seq.token_counts = TokenCounts(seq.prompt_ids)
-        _block_entries(seq.token_counts.update(seq.output_ids), row_drafts(b.draft), seq.params,
+        _block_entries(token_counts(seq), row_drafts(b.draft), seq.params,
                        b.logits_offset * vocab, vocab, scaled, factors, added, values)
     if not (scaled or added):
         return raw

@@ -17,8 +17,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .draft_stop import truncate_rows
-from .proposer import (Draft, Proposer, RefillRow, chain_sampling, flush_waiting, fused_chains, propose_chains,
-                       vocab_probs, waiting_rows)
+from .proposer import (Draft, Proposer, RefillRow, chain_sampling, draft_penalties, flush_waiting, fused_chains,
+                       propose_chains, vocab_probs, waiting_rows)
 
 
 class ChainDrafter(Proposer):
@@ -102,7 +102,9 @@ class ChainDrafter(Proposer):
         out = self.runner.refill_chain([(row.start, row.tokens, self.page_table(row.seq)) for row in rows],
                                        self.window, self.vocab_size, k - 1, features=self._features(rows),
                                        stop_below=None if sampled else self.stop_below or None,
-                                       sampling=(lambda: chain_sampling(seqs, k)) if sampled else None)
+                                       sampling=(lambda: chain_sampling(seqs, k)) if sampled else None,
+                                       penalties=lambda row_ids, rows: draft_penalties(seqs, row_ids, rows,
+                                                                                       self.vocab_size))
         if out is None:
             return None
         logits, outs, tokens, scores, probs = out

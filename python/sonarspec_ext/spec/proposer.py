@@ -11,6 +11,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..sampling.penalties import penalize_draft_logits, token_counts
 from ..sampling.sampler import draw, processed_probs, top_tokens
 from ..ops.stack_drafting import block_table, chain, fits
 from .device_chain import chain_length, device_chains
@@ -174,7 +175,7 @@ def propose_chains(seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor]
     ``stop_below`` a point-mass chain ends where its probability falls below it
     (``spec.draft_stop``)."""
     drafts = [Draft([], [] if sample_drafts and not s.params.greedy else None) for s in seqs]
-    logits, ks = list(logits), list(ks)
+    logits, ks = [penalize_draft_logits(lg, s) for s, lg in zip(seqs, logits)], list(ks)
     likely = [1.0] * len(seqs)   # each draft's probability so far
     for j in range(max(ks, default=0)):
         for i, s in enumerate(seqs):
@@ -189,7 +190,7 @@ def propose_chains(seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor]
         rows = [i for i in range(len(seqs)) if ks[i] > j + 1]
         if rows:
             for i, lg in zip(rows, advance(j, rows, drafts)):
-                logits[i] = lg
+                logits[i] = penalize_draft_logits(lg, seqs[i])
     for d in drafts:
         if d.probs is not None:
             d.probs = torch.stack(d.probs) if d.probs else None
@@ -213,7 +214,7 @@ def fused_chains(proposer, seqs: Sequence, ks: Sequence[int], logits: List[torch
     if drafts is not None or stop_below > 0:
         return drafts
     k = chain_length(proposer, seqs, ks)
-    if not k:
+    if not k or any(s.params.penalized for s in seqs):   # device chains take the drafter's top tokens
         return None
     chains = device_chains(proposer.runner, logits, k, positions, tables, window, proposer.vocab_size, features)
     return [Draft(c) for c in chains]
@@ -244,6 +245,7 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
     embed, lm_head, row_ids = io
     vocab = min(lm_head.shape[0], width)
     sample_drafts = sample_drafts and not all(s.params.greedy for s in seqs)   # else top tokens throughout
+    logits = [penalize_draft_logits(lg, s) for s, lg in zip(seqs, logits)]
     first = [draw_draft(s, lg, sample_drafts) for s, lg in zip(seqs, logits)]
     table = block_table(tables)
     sampling = chain_sampling(seqs, k - 1) if sample_drafts else None
@@ -254,7 +256,7 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
                          dtype=torch.float32) if stop else None
     out, probs = chain(stack, embed, lm_head, vocab, packed[:B], packed[B:], table, runner.kv_cache.page_size,
                        window, k - 1, features, sampling, row_ids, scores=scores, stop_below=stop_below if stop else 0.0,
-                       prior=prior)
+                       prior=prior, penalties=draft_penalties(seqs, row_ids, vocab, width))
     if stop:
         return [Draft(([t] + row)[:kept_length([p0] + sc, stop_below)])
                 for (t, _), row, p0, sc in zip(first, out.tolist(), prior.tolist(), scores.tolist())]
@@ -278,6 +280,23 @@ def chain_sampling(seqs: Sequence, rounds: int) -> tuple:
     return (torch.tensor([0.0 if p.greedy else p.temperature for p in ps], dtype=torch.float32),
             torch.tensor([p.top_k for p in ps], dtype=torch.long),
             torch.tensor([p.top_p for p in ps], dtype=torch.float32), uniforms)
+
+
+def draft_penalties(seqs: Sequence, row_ids: Optional[torch.Tensor], rows: int, width: int) -> Optional[tuple]:
+    """A native chain's ``penalties`` argument (``ops.stack_drafting.chain``) for the
+    first ``rows`` lm_head rows (row r is token ``row_ids[r]``, or r): each request's
+    penalties as ``penalize_draft_logits`` applies them over the ``width`` tokens; None
+    when no request has any."""
+    if not any(s.params.penalized for s in seqs):
+        return None
+    tokens = np.arange(rows) if row_ids is None else row_ids[:rows].numpy()
+    factors = np.empty((len(seqs), 3, rows), dtype=np.float32)
+    factors[:, :2], factors[:, 2] = 1.0, 0.0
+    for i, s in enumerate(seqs):
+        if s.params.penalized:
+            factors[i] = token_counts(s).draft_factors(s.params, width)[:, tokens]
+    active = torch.tensor([s.params.penalized for s in seqs], dtype=torch.uint8)
+    return active, torch.from_numpy(factors)
 
 
 def vocab_probs(probs: torch.Tensor, row_ids: Optional[torch.Tensor], width: int) -> torch.Tensor:
