@@ -4,13 +4,15 @@ chat prompts: the validation split of ``tools/chat_prompts.py`` (prompts the pac
 head was not trained on), each prompt run by plain decoding and by every configuration
 back to back, so that the machine's drift hits them alike; every greedy output checked
 equal to plain decoding (``--temperature T``: sampled, seeded per prompt, outputs not
-compared; ``--no-draft-sampling``: sampled requests draft top tokens). Prints and writes
+compared; ``--no-draft-sampling``: sampled requests draft top tokens; ``--repetition-penalty``
+and the others: every request, plain decoding's too, with those penalties). Prints and writes
 tokens/s, the ratio to plain decoding's (over all prompts, and the median of the
 per-prompt ratios), tokens per step and drafted tokens per step.
 
     python tools/bench_draft_stop.py [--model smollm2] [--prompts 60] [--max-tokens 128]
                                      [--configs 2 3 4:0.1] [--heads default DIR ...] [--adaptive]
-                                     [--temperature T] [--no-draft-sampling] [--json PATH]
+                                     [--temperature T] [--no-draft-sampling] [--repetition-penalty R]
+                                     [--presence-penalty P] [--frequency-penalty F] [--json PATH]
 
 A configuration is K (chains of K tokens) or K:P (at most K, stopped below probability P),
 run with each of ``--heads`` (default: the model's packaged head); ``--adaptive`` runs them
@@ -50,8 +52,13 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="sample at T (seeded per prompt); 0: greedy")
     ap.add_argument("--draft-sampling", action=argparse.BooleanOptionalAction, default=True,
                     help="sampled requests draw drafts from the head's distribution (engine option draft_sampling)")
+    ap.add_argument("--repetition-penalty", type=float, default=1.0)
+    ap.add_argument("--presence-penalty", type=float, default=0.0)
+    ap.add_argument("--frequency-penalty", type=float, default=0.0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    penalties = {"repetition_penalty": args.repetition_penalty, "presence_penalty": args.presence_penalty,
+                 "frequency_penalty": args.frequency_penalty}
     held_out = [p for p in build_prompts() if is_validation(p["id"])][:args.prompts]
     configs = {"plain": None}
     for head in args.heads:
@@ -66,7 +73,7 @@ def main() -> None:
     tokens = dict.fromkeys(configs, 0)
     for i, item in enumerate(held_out):
         messages = [{"role": "user", "content": item["prompt"]}]
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=i)
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=i, **penalties)
         times, outs = {}, {}
         for name, llm in rotated(llms.items(), i):
             t0 = time.perf_counter()
@@ -101,7 +108,7 @@ def main() -> None:
         with open(args.json, "w") as fh:
             json.dump({"model": args.model, "heads": args.heads, "adaptive": args.adaptive, "prompts": len(held_out),
                        "max_tokens": args.max_tokens, "temperature": args.temperature,
-                       "draft_sampling": args.draft_sampling, "output_tokens": tokens, "cpu": cpu_info(),
+                       "draft_sampling": args.draft_sampling, **penalties, "output_tokens": tokens, "cpu": cpu_info(),
                        "rows": rows}, fh, indent=1)
 
 

@@ -123,3 +123,28 @@ def test_a_bias_outside_the_vocabulary_fails_that_request_only(llama_dir):
     with pytest.raises(ValueError, match="logit_bias token id"):
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, logit_bias={VOCAB: 1.0}))
     assert len(llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("spec", [dict(method="draft_target", num_draft_tokens=3), dict(method="mtp", num_draft_tokens=3),
+                                  dict(method="eagle_tree", num_draft_tokens=3)], ids=["draft_target", "mtp", "eagle_tree"])
+def test_drafters_do_not_propose_a_banned_token(spec, llama_dir, heads):
+    """A -100 logit bias bans a token: the drafters apply it to their own logits too, so
+    the token drafted most without the bias is not drafted with it."""
+    from collections import Counter
+    draft = {"draft_target": llama_dir, "mtp": heads["trained"], "eagle_tree": heads["trained"]}[spec["method"]]
+    llm = LLM(llama_dir, spec=SpecConfig(draft=draft, **spec))
+    drafted = []
+    real = llm.engine.proposer.propose
+
+    def recording(seqs, ks):
+        out = real(seqs, ks)
+        drafted.extend(t for d in out for t in d.token_ids)
+        return out
+    llm.engine.proposer.propose = recording
+    ps = prompts(4, seed=73)
+    llm.generate(ps, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    banned, n = Counter(drafted).most_common(1)[0]
+    assert n >= 5
+    drafted.clear()
+    llm.generate(ps, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logit_bias={banned: -100.0}))
+    assert drafted and banned not in drafted

@@ -16,6 +16,7 @@ import torch
 
 from ..ops.limits import NATIVE_ATTENTION_MAX_TOKENS
 from ..runtime.metadata import TreeBlock
+from ..sampling.penalties import penalize_draft_logits
 from .mtp import MTPProposer
 from .proposer import Draft
 from .tree import TreeBuilder, max_expanded
@@ -48,7 +49,7 @@ class EagleTreeProposer(MTPProposer):
         fits = [self.planner.max_model_len - s.num_tokens >= self.lookahead for s in seqs]
         builders = [TreeBuilder(s.all_ids[-1], self.top_k, nodes, min(k, nodes) if ok else 0, self.paths)
                     for s, k, ok in zip(seqs, ks, fits)]
-        self._add_children(builders, [[-1] for _ in seqs], torch.stack([st.logits for st in states]))
+        self._add_children(builders, [[-1] for _ in seqs], torch.stack([st.logits for st in states]), seqs)
         for depth in range(1, max(b.depth for b in builders)):
             expand = [b.to_expand(depth) for b in builders]
             if not any(expand):
@@ -70,15 +71,20 @@ class EagleTreeProposer(MTPProposer):
                 for i in ex:
                     b.nodes[i].feature = out[r]
                     r += 1
-            self._add_children([b for b, ex in zip(builders, expand) if ex], [ex for ex in expand if ex], logits)
+            self._add_children([b for b, ex in zip(builders, expand) if ex], [ex for ex in expand if ex], logits,
+                               [s for s, ex in zip(seqs, expand) if ex])
         drafts = []
         for b in builders:
             tree = b.finish()
             drafts.append(Draft(tree.tokens[1:], tree=tree))
         return drafts
 
-    def _add_children(self, builders, parents, logits: torch.Tensor) -> None:
-        """Adds the top-k children of each parent (one logits row per parent, in order)."""
+    def _add_children(self, builders, parents, logits: torch.Tensor, seqs: Sequence) -> None:
+        """Adds the top-k children of each parent (one logits row per parent, in order; the
+        rows of a request with penalties or a logit bias changed as a drafter's are)."""
+        owners = [s for s, ps in zip(seqs, parents) for _ in ps]
+        if any(s.params.penalized for s in owners):
+            logits = torch.stack([penalize_draft_logits(row, s) for row, s in zip(logits, owners)])
         logprobs = torch.log_softmax(logits.float(), -1)
         k = self.top_k if self.paths is None else 1 + max(p[-1] for p in self.paths)
         top_lp, top_ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
