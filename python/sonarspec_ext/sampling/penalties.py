@@ -13,7 +13,7 @@ calls, whatever their number.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ class TokenCounts:
         self.counts: Dict[int, int] = {}
         self.fresh: List[int] = []
         self._read = 0
-        self._factors = None   # ((output tokens read, vocab), draft_factors)
+        self._factors = None   # (output tokens read, factors)
 
     def update(self, output_ids: Sequence[int]) -> "TokenCounts":
         for t in output_ids[self._read:]:
@@ -56,29 +56,44 @@ class TokenCounts:
     def seen(self, t: int) -> bool:
         return t in self.counts or t in self._in_prompt
 
-    def draft_factors(self, params, vocab: int) -> np.ndarray:
-        """(3, vocab) float32: the multiplier of positive logits, of the others, and the value
-        added after, per token - ``params``' penalties and bias from the tokens so far, as a
-        drafter applies them to its logits (``DraftPenalties`` natively; cached until the
-        output grows)."""
-        if self._factors is not None and self._factors[0] == (self._read, vocab):
+    def factors(self, params) -> Tuple[np.ndarray, np.ndarray]:
+        """How a drafter applies ``params``' penalties and bias to its logits, from the tokens
+        so far: (token ids, ascending; (3, n) float32 per id: the multiplier of a positive
+        logit, of the others, and the value added after). Other tokens keep their logits.
+        Cached until the output grows."""
+        if self._factors is not None and self._factors[0] == self._read:
             return self._factors[1]
-        out = np.ones((3, vocab), dtype=np.float32)
-        out[2] = 0.0
         seen = np.concatenate([self.prompt, np.asarray(self.fresh, dtype=np.int64)])
-        seen = seen[seen < vocab]
-        out[0, seen] = 1.0 / params.repetition_penalty
-        out[1, seen] = params.repetition_penalty
+        bias = np.fromiter((params.logit_bias or {}).keys(), dtype=np.int64)
+        ids = np.unique(np.concatenate([seen, bias]))
+        vals = np.ones((3, ids.size), dtype=np.float32)
+        vals[2] = 0.0
+        at = np.searchsorted(ids, seen)
+        vals[0, at], vals[1, at] = 1.0 / params.repetition_penalty, params.repetition_penalty
         n = len(self.counts)
-        ids = np.fromiter(self.counts.keys(), dtype=np.int64, count=n)
+        out = np.fromiter(self.counts.keys(), dtype=np.int64, count=n)
         counts = np.fromiter(self.counts.values(), dtype=np.float64, count=n)
-        keep = ids < vocab
-        out[2, ids[keep]] -= params.frequency_penalty * counts[keep] + params.presence_penalty
-        for t, b in (params.logit_bias or {}).items():
-            if t < vocab:
-                out[2, t] += b
-        self._factors = ((self._read, vocab), out)
+        vals[2, np.searchsorted(ids, out)] -= params.frequency_penalty * counts + params.presence_penalty
+        if bias.size:
+            vals[2, np.searchsorted(ids, bias)] += np.fromiter(params.logit_bias.values(), dtype=np.float64)
+        self._factors = (self._read, (ids, vals))
+        return ids, vals
+
+
+def factor_rows(factors: Tuple[np.ndarray, np.ndarray], row_tokens: Optional[np.ndarray], rows: int) -> np.ndarray:
+    """``TokenCounts.factors`` over logits rows: (3, rows) float32, row r standing for
+    token ``row_tokens[r]`` (ascending), or r without; rows of other tokens unchanged."""
+    ids, vals = factors
+    out = np.empty((3, rows), dtype=np.float32)
+    out[:2], out[2] = 1.0, 0.0
+    if row_tokens is None:
+        keep = ids < rows
+        out[:, ids[keep]] = vals[:, keep]
         return out
+    at = np.minimum(np.searchsorted(row_tokens[:rows], ids), rows - 1)
+    keep = row_tokens[at] == ids
+    out[:, at[keep]] = vals[:, keep]
+    return out
 
 
 def token_counts(seq) -> TokenCounts:
@@ -90,11 +105,11 @@ def token_counts(seq) -> TokenCounts:
 
 def penalize_draft_logits(logits: torch.Tensor, seq) -> torch.Tensor:
     """A drafter's logits (..., vocab) over the target's vocabulary with ``seq``'s
-    penalties and bias applied as ``TokenCounts.draft_factors`` gives them (a new tensor;
+    penalties and bias applied as ``TokenCounts.factors`` gives them (a new tensor;
     ``logits`` itself for a request without any)."""
     if not seq.params.penalized:
         return logits
-    f = torch.from_numpy(token_counts(seq).draft_factors(seq.params, logits.shape[-1])).to(logits.device)
+    f = torch.from_numpy(factor_rows(token_counts(seq).factors(seq.params), None, logits.shape[-1])).to(logits.device)
     return logits * torch.where(logits > 0, f[0], f[1]) + f[2]
 
 
@@ -153,16 +168,28 @@ def apply_penalties(logits: torch.Tensor, blocks) -> Dict[int, torch.Tensor]:
             raw[seq.seq_id] = logits[b.logits_offset:b.logits_offset + b.num_logits].clone()
         _block_entries(token_counts(seq), row_drafts(b.draft), seq.params,
                        b.logits_offset * vocab, vocab, scaled, factors, added, values)
-    if not (scaled or added):
-        return raw
+    if scaled or added:
+        _change(logits, np.concatenate(scaled or [np.zeros(0, np.int64)]),
+                np.concatenate(factors or [np.zeros(0)]).astype(np.float32),
+                np.concatenate(added or [np.zeros(0, np.int64)]), np.concatenate(values or [np.zeros(0)]).astype(np.float32))
+    return raw
+
+
+def _change(logits: torch.Tensor, scaled: np.ndarray, factors: np.ndarray, added: np.ndarray,
+            values: np.ndarray) -> None:
+    """Flat entries of ``logits`` scaled by the repetition penalty's rule (each once), then
+    values added (accumulated): through numpy on the CPU (a few microseconds where torch's
+    indexing takes a hundred), else by torch's indexing."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        flat = logits.view(-1).numpy()
+        x = flat[scaled]
+        flat[scaled] = np.where(x > 0, x / factors, x * factors)
+        np.add.at(flat, added, values)
+        return
     with torch.inference_mode():   # the forward's logits are inference tensors
         flat = logits.view(-1)
-        if scaled:
-            at = torch.from_numpy(np.concatenate(scaled)).to(logits.device)
-            r = torch.from_numpy(np.concatenate(factors)).to(logits)
-            x = flat[at]
-            flat[at] = torch.where(x > 0, x / r, x * r)
-        if added:
-            at = torch.from_numpy(np.concatenate(added)).to(logits.device)
-            flat.index_put_((at,), torch.from_numpy(np.concatenate(values)).to(logits), accumulate=True)
-    return raw
+        at, r = torch.from_numpy(scaled).to(logits.device), torch.from_numpy(factors).to(logits)
+        x = flat[at]
+        flat[at] = torch.where(x > 0, x / r, x * r)
+        flat.index_put_((torch.from_numpy(added).to(logits.device),), torch.from_numpy(values).to(logits),
+                        accumulate=True)

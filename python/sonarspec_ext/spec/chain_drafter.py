@@ -103,8 +103,7 @@ class ChainDrafter(Proposer):
                                        self.window, self.vocab_size, k - 1, features=self._features(rows),
                                        stop_below=None if sampled else self.stop_below or None,
                                        sampling=(lambda: chain_sampling(seqs, k)) if sampled else None,
-                                       penalties=lambda row_ids, rows: draft_penalties(seqs, row_ids, rows,
-                                                                                       self.vocab_size))
+                                       penalties=lambda row_ids, rows: draft_penalties(seqs, row_ids, rows))
         if out is None:
             return None
         logits, outs, tokens, scores, probs = out

@@ -11,7 +11,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..sampling.penalties import penalize_draft_logits, token_counts
+from ..sampling.penalties import factor_rows, penalize_draft_logits, token_counts
 from ..sampling.sampler import draw, processed_probs, top_tokens
 from ..ops.stack_drafting import block_table, chain, fits
 from .device_chain import chain_length, device_chains
@@ -256,7 +256,7 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
                          dtype=torch.float32) if stop else None
     out, probs = chain(stack, embed, lm_head, vocab, packed[:B], packed[B:], table, runner.kv_cache.page_size,
                        window, k - 1, features, sampling, row_ids, scores=scores, stop_below=stop_below if stop else 0.0,
-                       prior=prior, penalties=draft_penalties(seqs, row_ids, vocab, width))
+                       prior=prior, penalties=draft_penalties(seqs, row_ids, vocab))
     if stop:
         return [Draft(([t] + row)[:kept_length([p0] + sc, stop_below)])
                 for (t, _), row, p0, sc in zip(first, out.tolist(), prior.tolist(), scores.tolist())]
@@ -282,19 +282,18 @@ def chain_sampling(seqs: Sequence, rounds: int) -> tuple:
             torch.tensor([p.top_p for p in ps], dtype=torch.float32), uniforms)
 
 
-def draft_penalties(seqs: Sequence, row_ids: Optional[torch.Tensor], rows: int, width: int) -> Optional[tuple]:
+def draft_penalties(seqs: Sequence, row_ids: Optional[torch.Tensor], rows: int) -> Optional[tuple]:
     """A native chain's ``penalties`` argument (``ops.stack_drafting.chain``) for the
-    first ``rows`` lm_head rows (row r is token ``row_ids[r]``, or r): each request's
-    penalties as ``penalize_draft_logits`` applies them over the ``width`` tokens; None
-    when no request has any."""
+    first ``rows`` lm_head rows (row r is token ``row_ids[r]``, ascending, or r): each
+    request's penalties as ``penalize_draft_logits`` applies them; None when no request
+    has any (the rows of requests without are zeros, their flag off)."""
     if not any(s.params.penalized for s in seqs):
         return None
-    tokens = np.arange(rows) if row_ids is None else row_ids[:rows].numpy()
-    factors = np.empty((len(seqs), 3, rows), dtype=np.float32)
-    factors[:, :2], factors[:, 2] = 1.0, 0.0
+    tokens = None if row_ids is None else row_ids[:rows].numpy()
+    factors = np.zeros((len(seqs), 3, rows), dtype=np.float32)
     for i, s in enumerate(seqs):
         if s.params.penalized:
-            factors[i] = token_counts(s).draft_factors(s.params, width)[:, tokens]
+            factors[i] = factor_rows(token_counts(s).factors(s.params), tokens, rows)
     active = torch.tensor([s.params.penalized for s in seqs], dtype=torch.uint8)
     return active, torch.from_numpy(factors)
 
