@@ -125,8 +125,8 @@ def test_a_bias_outside_the_vocabulary_fails_that_request_only(llama_dir):
     assert len(llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids) == 4
 
 
-@pytest.mark.parametrize("spec", [dict(method="draft_target", num_draft_tokens=3), dict(method="mtp", num_draft_tokens=3),
-                                  dict(method="eagle_tree", num_draft_tokens=3)], ids=["draft_target", "mtp", "eagle_tree"])
+@pytest.mark.parametrize("spec", [dict(method=m, num_draft_tokens=3) for m in ("draft_target", "mtp", "eagle_tree")],
+                         ids=["draft_target", "mtp", "eagle_tree"])
 def test_drafters_do_not_propose_a_banned_token(spec, llama_dir, heads):
     """A -100 logit bias bans a token: the drafters apply it to their own logits too, so
     the token drafted most without the bias is not drafted with it."""

@@ -8,8 +8,8 @@ token in P or O (r > 1 discourages repeats); then ``frequency_penalty`` f and
 adds its fixed values. Under speculation a drafted row's O includes the drafts before it
 (a chain's earlier drafts, a tree node's ancestors): the verification compares the
 drafts against exactly the distributions plain decoding would sample from, so the
-output stays the target's. All penalized rows of a step change in three flat-index torch
-calls, whatever their number.
+output stays the target's. All penalized rows of a step change in one gather-and-scatter
+and one accumulating scatter, whatever their number.
 """
 from __future__ import annotations
 
@@ -168,28 +168,15 @@ def apply_penalties(logits: torch.Tensor, blocks) -> Dict[int, torch.Tensor]:
             raw[seq.seq_id] = logits[b.logits_offset:b.logits_offset + b.num_logits].clone()
         _block_entries(token_counts(seq), row_drafts(b.draft), seq.params,
                        b.logits_offset * vocab, vocab, scaled, factors, added, values)
-    if scaled or added:
-        _change(logits, np.concatenate(scaled or [np.zeros(0, np.int64)]),
-                np.concatenate(factors or [np.zeros(0)]).astype(np.float32),
-                np.concatenate(added or [np.zeros(0, np.int64)]), np.concatenate(values or [np.zeros(0)]).astype(np.float32))
-    return raw
-
-
-def _change(logits: torch.Tensor, scaled: np.ndarray, factors: np.ndarray, added: np.ndarray,
-            values: np.ndarray) -> None:
-    """Flat entries of ``logits`` scaled by the repetition penalty's rule (each once), then
-    values added (accumulated): through numpy on the CPU (a few microseconds where torch's
-    indexing takes a hundred), else by torch's indexing."""
-    if logits.device.type == "cpu" and logits.dtype == torch.float32:
-        flat = logits.view(-1).numpy()
-        x = flat[scaled]
-        flat[scaled] = np.where(x > 0, x / factors, x * factors)
-        np.add.at(flat, added, values)
-        return
+    if not (scaled or added):
+        return raw
+    empty = [np.zeros(0, dtype=np.int64)]
     with torch.inference_mode():   # the forward's logits are inference tensors
         flat = logits.view(-1)
-        at, r = torch.from_numpy(scaled).to(logits.device), torch.from_numpy(factors).to(logits)
+        at = torch.from_numpy(np.concatenate(scaled or empty)).to(logits.device)
+        r = torch.from_numpy(np.concatenate(factors or [np.zeros(0)])).to(logits)
         x = flat[at]
         flat[at] = torch.where(x > 0, x / r, x * r)
-        flat.index_put_((torch.from_numpy(added).to(logits.device),), torch.from_numpy(values).to(logits),
-                        accumulate=True)
+        at = torch.from_numpy(np.concatenate(added or empty)).to(logits.device)
+        flat.index_put_((at,), torch.from_numpy(np.concatenate(values or [np.zeros(0)])).to(logits), accumulate=True)
+    return raw

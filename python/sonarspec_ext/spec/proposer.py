@@ -255,8 +255,9 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
     prior = torch.tensor([token_probability(lg, t) for lg, (t, _) in zip(logits, first)],
                          dtype=torch.float32) if stop else None
     out, probs = chain(stack, embed, lm_head, vocab, packed[:B], packed[B:], table, runner.kv_cache.page_size,
-                       window, k - 1, features, sampling, row_ids, scores=scores, stop_below=stop_below if stop else 0.0,
-                       prior=prior, penalties=draft_penalties(seqs, row_ids, vocab))
+                       window, k - 1, features, sampling, row_ids, scores=scores,
+                       stop_below=stop_below if stop else 0.0, prior=prior,
+                       penalties=draft_penalties(seqs, row_ids, vocab))
     if stop:
         return [Draft(([t] + row)[:kept_length([p0] + sc, stop_below)])
                 for (t, _), row, p0, sc in zip(first, out.tolist(), prior.tolist(), scores.tolist())]
