@@ -202,7 +202,7 @@ def _serve(args) -> int:
     print(f"sonarspec serve: {args.model} (as {name!r}), spec={method}, http://{args.host}:{args.port}/v1",
           file=sys.stderr)
     serve(llm, name, args.host, args.port, args.api_key,
-          ServerLimits(args.max_body_bytes, args.max_prompt_tokens, args.max_tokens_limit))
+          ServerLimits(args.max_body_bytes, args.max_prompt_tokens, args.max_tokens_limit, args.max_choices))
     return 0
 
 
@@ -216,6 +216,8 @@ def _add_serve(sub) -> None:
     s.add_argument("--max-prompt-tokens", type=positive_int, default=None, help="longest prompt accepted")
     s.add_argument("--max-tokens-limit", type=positive_int, default=4096, help="largest max_tokens accepted")
     s.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="largest request body accepted")
+    s.add_argument("--max-choices", type=positive_int, default=16,
+                   help="most choices one request may ask for (prompts times n)")
     s.add_argument("--spec-max-batch", type=int, default=None,
                    help="speculate only while at most this many requests decode (load control; default: always)")
     s.set_defaults(func=_serve)

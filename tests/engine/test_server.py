@@ -77,7 +77,11 @@ def test_concurrent_clients_share_batches_and_get_their_own_answers(server):
 
 
 @pytest.mark.parametrize("body,status,words", [
-    ({"prompt": "x", "n": 2}, 400, "n = 2"),
+    ({"prompt": "x", "n": 17}, 400, "at most 16"),
+    ({"prompt": ["a", "b", "c"], "n": 6}, 400, "18 choices"),
+    ({"prompt": "x", "n": 0}, 400, "n"),
+    ({"prompt": []}, 400, "prompt is empty"),
+    ({"prompt": ["a", ""]}, 400, "prompt is empty"),
     ({"prompt": "x", "max_tokens": -3}, 400, "max_tokens"),
     ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
     ({"prompt": 42}, 400, "prompt"),
@@ -242,3 +246,43 @@ def test_penalties_and_logit_bias_through_the_openai_client(server):
                                             logit_bias={tok: 3.0}, repetition_penalty=1.3))[0]
     assert out.choices[0].message.content == want.text
     assert want.text != oracle.chat(msgs, SamplingParams(max_tokens=24, temperature=0))[0].text
+
+
+def test_n_choices_and_prompt_lists_equal_the_library(server):
+    """``n`` choices of a seeded request sample with seeds s, s + 1, ...; a list of prompts
+    answers each in order (choice index = prompt x n + j); usage counts each prompt once."""
+    url, _, _, oracle = server
+    r = _post(url, "/v1/completions", {"prompt": ["def add(a, b):", "import sys\n"], "n": 2, "max_tokens": 16,
+                                       "temperature": 0.9, "seed": 5})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    prompts = ["def add(a, b):", "def add(a, b):", "import sys\n", "import sys\n"]
+    want = oracle.generate(prompts, [SamplingParams(max_tokens=16, temperature=0.9, seed=5 + j % 2)
+                                     for j in range(4)])
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in body["choices"]] == [w.text for w in want]
+    assert body["choices"][0]["text"] != body["choices"][1]["text"]
+    assert body["usage"]["prompt_tokens"] == len(want[0].prompt_token_ids) + len(want[2].prompt_token_ids)
+    assert body["usage"]["completion_tokens"] == sum(len(w.token_ids) for w in want)
+    ids = oracle.tokenizer.encode("x = 1\n")
+    r = _post(url, "/v1/completions", {"prompt": [ids, ids[:2]], "max_tokens": 8, "temperature": 0})
+    want = oracle.generate([ids, ids[:2]], SamplingParams(max_tokens=8, temperature=0))
+    assert [c["text"] for c in r.json()["choices"]] == [w.text for w in want]
+
+
+def test_n_choices_stream_with_their_indices(server):
+    openai = pytest.importorskip("openai")
+    url, _, _, oracle = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
+    msgs = [{"role": "user", "content": "Name a fruit."}]
+    texts = {}
+    for chunk in client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=1.0,
+                                                seed=3, n=3, stream=True, stream_options={"include_usage": True}):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+        if chunk.usage is not None:
+            usage = chunk.usage
+    want = [oracle.chat(msgs, SamplingParams(max_tokens=12, temperature=1.0, seed=3 + j))[0] for j in range(3)]
+    assert texts == {j: w.text for j, w in enumerate(want)}
+    assert usage.prompt_tokens == len(want[0].prompt_token_ids)
+    assert usage.completion_tokens == sum(len(w.token_ids) for w in want)

@@ -2,42 +2,37 @@
 whole), /v1/models, /health and Prometheus /metrics, in front of one EngineLoop."""
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
-import time
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers
 from pydantic import ValidationError
 
 from ..llm import LLM
 from ..params import SamplingParams
-from .engine_loop import Delta, Done, EngineLoop
+from .engine_loop import EngineLoop
 from .metrics import Metrics
-from .protocol import (ChatCompletionRequest, CompletionRequest, chunk_body, completion_body, error_body,
-                       logprobs_body, new_id, usage)
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .responses import Choice, error_response as _error, respond
 
 
 class ServerLimits:
     def __init__(self, max_body_bytes: int = 1 << 20, max_prompt_tokens: Optional[int] = None,
-                 max_tokens: int = 4096):
+                 max_tokens: int = 4096, max_choices: int = 16):
         self.max_body_bytes, self.max_prompt_tokens, self.max_tokens = max_body_bytes, max_prompt_tokens, max_tokens
+        self.max_choices = max_choices   # choices per request: prompts times n
 
 
 class BadRequest(Exception):
     def __init__(self, message: str, status: int = 400, param: Optional[str] = None, kind="invalid_request_error"):
         super().__init__(message)
         self.status, self.param, self.kind = status, param, kind
-
-
-def _error(status: int, message: str, kind: str = "invalid_request_error", param: Optional[str] = None):
-    return JSONResponse(error_body(message, kind, code=str(status), param=param), status_code=status)
 
 
 class _Guard:
@@ -113,9 +108,11 @@ def create_app(llm: LLM, model_name: str, api_key: Optional[str] = None,
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = await _parse(request, CompletionRequest, limits, model_name)
-        ids = _prompt_ids(llm, req.prompt)
-        params = _params(req, req.max_tokens, 16, len(ids), limits, max_len, vocab)
-        return await _respond(request, loop, ids, params, req, model_name, chat=False)
+        prompts = _prompts(llm, req.prompt)
+        _check_choices(len(prompts), req.n, limits)
+        choices = [c for ids in prompts
+                   for c in _choices(ids, _params(req, req.max_tokens, 16, len(ids), limits, max_len, vocab), req.n)]
+        return await respond(request, loop, choices, req, model_name, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -125,10 +122,11 @@ def create_app(llm: LLM, model_name: str, api_key: Optional[str] = None,
             ids, turn = llm.chat_request(messages, SamplingParams(max_tokens=1))
         except ValueError as e:
             raise BadRequest(str(e), param="messages") from None
+        _check_choices(1, req.n, limits)
         params = replace(_params(req, req.max_completion_tokens or req.max_tokens, None, len(ids), limits, max_len,
                                  vocab),
                          stop_token_ids=turn.stop_token_ids)
-        return await _respond(request, loop, ids, params, req, model_name, chat=True)
+        return await respond(request, loop, _choices(ids, params, req.n), req, model_name, chat=True)
 
     return app
 
@@ -158,8 +156,6 @@ async def _parse(request: Request, model, limits: ServerLimits, model_name: str)
     if req.model is not None and req.model != model_name:
         raise BadRequest(f"model {req.model!r} is not served here; this server serves {model_name!r}",
                          status=404, param="model", kind="not_found_error")
-    if req.n != 1:
-        raise BadRequest(f"n = {req.n} is not supported: one choice per request (n = 1)", param="n")
     if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None and not req.logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
     return req
@@ -177,17 +173,38 @@ def _content(content) -> str:
     return "".join(texts)
 
 
-def _prompt_ids(llm: LLM, prompt) -> List[int]:
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        if len(prompt) != 1:
-            raise BadRequest("one prompt per request (a list of prompts is not supported)", param="prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return llm.tokenizer.encode(prompt)
+def _prompts(llm: LLM, prompt) -> List[List[int]]:
+    """A completions request's prompts as token ids: a string, token ids, or a list of either."""
+    if isinstance(prompt, str) or (prompt and all(isinstance(t, int) for t in prompt)):
+        prompt = [prompt]
+    if not prompt:
+        raise BadRequest("the prompt is empty", param="prompt")
     vocab = llm.engine.model_config.vocab_size
-    if not prompt or any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt):
-        raise BadRequest(f"prompt token ids must be a non-empty list of integers in [0, {vocab})", param="prompt")
-    return list(prompt)
+    out = []
+    for p in prompt:
+        if isinstance(p, str):
+            out.append(llm.tokenizer.encode(p))
+        elif not p or any(not isinstance(t, int) or t < 0 or t >= vocab for t in p):
+            raise BadRequest(f"prompt token ids must be non-empty lists of integers in [0, {vocab})", param="prompt")
+        else:
+            out.append(list(p))
+    return out
+
+
+def _check_choices(prompts: int, n: int, limits: ServerLimits) -> None:
+    if prompts * n > limits.max_choices:
+        raise BadRequest(f"{prompts} prompt(s) x n = {n} is {prompts * n} choices; this server answers at most "
+                         f"{limits.max_choices} per request", param="n")
+
+
+def _choices(ids: List[int], params: SamplingParams, n: int) -> List[Choice]:
+    """A prompt's ``n`` choices: with a seed, choice j samples with seed + j (the same seed
+    would give the same sample)."""
+    try:
+        return [(ids, params if j == 0 or params.seed is None else replace(params, seed=params.seed + j), j == 0)
+                for j in range(n)]
+    except ValueError as e:
+        raise BadRequest(str(e), param="seed") from None
 
 
 def _params(req, max_tokens: Optional[int], default: Optional[int], prompt_len: int, limits: ServerLimits,
@@ -234,84 +251,6 @@ def _num_logprobs(req) -> Optional[int]:
     if isinstance(req, ChatCompletionRequest):
         return (req.top_logprobs or 0) if req.logprobs else None
     return req.logprobs
-
-
-async def _events(loop: EngineLoop, ids, params, request: Request):
-    """Yields the request's Delta events, then its Done; aborts it if the client leaves."""
-    out: asyncio.Queue = asyncio.Queue()
-    key = loop.submit(ids, params, out, asyncio.get_running_loop())
-    done = False
-    try:
-        while True:
-            try:
-                async with asyncio.timeout(1.0):   # no task per event, unlike asyncio.wait_for
-                    ev = await out.get()
-            except TimeoutError:
-                if await request.is_disconnected():
-                    return
-                continue
-            yield ev
-            if isinstance(ev, Done):
-                done = True
-                return
-    finally:
-        if not done:
-            loop.abort(key)
-
-
-def _spec(stats: Dict[str, Any]) -> Dict[str, Any]:
-    return {k: stats[k] for k in ("num_draft_tokens", "num_accepted_tokens", "acceptance_length") if k in stats}
-
-
-async def _respond(request: Request, loop: EngineLoop, ids, params, req, model_name: str, chat: bool):
-    rid = new_id("chatcmpl" if chat else "cmpl")
-    decode = loop.llm.tokenizer.decode
-    token_text = lambda tid: decode([tid])  # noqa: E731
-    if not req.stream:
-        text: List[str] = []
-        entries = None if params.logprobs is None else []
-        async for ev in _events(loop, ids, params, request):
-            if isinstance(ev, Delta):
-                text.append(ev.text)
-                if entries is not None and ev.logprobs:
-                    entries.extend(ev.logprobs)
-            elif ev.finish_reason == "error":
-                return _error(400 if ev.completion_tokens == 0 else 500, ev.error or "generation failed",
-                              "invalid_request_error" if ev.completion_tokens == 0 else "server_error")
-            else:
-                return completion_body(rid, model_name, "".join(text), ev.finish_reason,
-                                       usage(ev.prompt_tokens, ev.completion_tokens), chat, _spec(ev.stats),
-                                       logprobs_body(entries, token_text, chat))
-        return _error(499, "client closed the request")
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    created = int(time.time())
-
-    async def sse():
-        yield _sse(chunk_body(rid, model_name, created, chat, text="" if chat else None, role=True))
-        offset = 0   # completions' text_offset of the next token
-        async for ev in _events(loop, ids, params, request):
-            if isinstance(ev, Delta):
-                lp = logprobs_body(ev.logprobs, token_text, chat, offset) if ev.logprobs else None
-                if lp is not None and not chat:
-                    offset += sum(len(t) for t in lp["tokens"])
-                if ev.text or lp is not None:
-                    yield _sse(chunk_body(rid, model_name, created, chat, text=ev.text, logprobs=lp))
-                continue
-            if ev.finish_reason == "error":
-                yield _sse(error_body(ev.error or "generation failed", "server_error"))
-            else:
-                yield _sse(chunk_body(rid, model_name, created, chat, reason=ev.finish_reason))
-            if include_usage:
-                body = chunk_body(rid, model_name, created, chat)
-                body["choices"], body["usage"] = [], usage(ev.prompt_tokens, ev.completion_tokens)
-                yield _sse(body)
-            yield "data: [DONE]\n\n"
-
-    return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-def _sse(body: Dict[str, Any]) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
 def serve(llm: LLM, model_name: str, host: str = "127.0.0.1", port: int = 8000, api_key: Optional[str] = None,

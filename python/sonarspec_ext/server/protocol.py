@@ -23,7 +23,7 @@ class _Common(BaseModel):
     stop: Optional[Union[str, List[str]]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    n: int = 1
+    n: int = Field(default=1, ge=1)   # choices per prompt
     ignore_eos: bool = False
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
@@ -33,7 +33,7 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: Union[str, List[int], List[str]]
+    prompt: Union[str, List[int], List[str], List[List[int]]]   # one prompt, or a list of them
     logprobs: Optional[int] = Field(default=None, ge=0, le=5)   # alternatives per token, as OpenAI allows
 
 
@@ -80,21 +80,27 @@ def usage(prompt: int, completion: int) -> Dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def completion_body(rid: str, model: str, text: str, reason: str, u: Dict[str, int], chat: bool,
-                    spec: Dict[str, Any], logprobs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    choice: Dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": logprobs}   # reason: OpenAI's words
+def choice_body(index: int, text: str, reason: str, chat: bool,
+                logprobs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """One finished choice of a response; ``reason``: OpenAI's finish_reason words."""
+    choice: Dict[str, Any] = {"index": index, "finish_reason": reason, "logprobs": logprobs}
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
         choice["text"] = text
+    return choice
+
+
+def completion_body(rid: str, model: str, choices: List[Dict[str, Any]], u: Dict[str, int], chat: bool,
+                    spec: Dict[str, Any]) -> Dict[str, Any]:
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": u, "speculation": spec}
+            "model": model, "choices": choices, "usage": u, "speculation": spec}
 
 
 def chunk_body(rid: str, model: str, created: int, chat: bool, text: Optional[str] = None,
                reason: Optional[str] = None, role: bool = False,
-               logprobs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    choice: Dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": logprobs}
+               logprobs: Optional[Dict[str, Any]] = None, index: int = 0) -> Dict[str, Any]:
+    choice: Dict[str, Any] = {"index": index, "finish_reason": reason, "logprobs": logprobs}
     if chat:
         delta: Dict[str, Any] = {}
         if role:
