@@ -124,6 +124,27 @@ def test_bad_json_bad_messages_and_api_keys(server):
     assert httpx.get(url + "/v1/models").status_code == 401
 
 
+@pytest.mark.parametrize("path,raw,words", [
+    ("/v1/completions", b'{"prompt": "\\ud800 x", "max_tokens": 2}', "not valid Unicode"),
+    ("/v1/completions", b'{"prompt": ["ok", "\\udfff"], "max_tokens": 2}', "not valid Unicode"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "not valid Unicode"),
+    ("/v1/completions", b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply"),
+    ("/v1/completions", b'{"prompt": "x", "frequency_penalty": NaN}', "finite number"),
+    ("/v1/completions", b'{"prompt": "x", "top_p": NaN}', "finite number"),
+    ("/v1/completions", b'{"prompt": "x", "repetition_penalty": Infinity}', "finite number"),
+])
+def test_bodies_the_parsers_reject_are_400s_on_a_connection_that_stays_open(server, path, raw, words):
+    """Text no tokenizer takes (lone surrogates), JSON nested past the parser's recursion
+    limit and non-finite numbers: a 400 that says which, and the same keep-alive connection
+    then serves a good request."""
+    url = server[0]
+    headers = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
+        r = client.post(path, content=raw)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+        assert client.post("/v1/completions", json={"prompt": "ok", "max_tokens": 2}).status_code == 200
+
+
 def test_a_client_that_leaves_frees_its_request(server):
     url, app, llm, _ = server
     body = {"prompt": "while True:", "max_tokens": 1000, "temperature": 0, "stream": True, "ignore_eos": True}

@@ -76,6 +76,10 @@ class Tokenizer:
         if not isinstance(text, str):
             raise ValueError(f"text to encode must be a string, got {type(text).__name__}")
         try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"the text is not valid Unicode: {e.reason} at character {e.start}") from None
+        try:
             ids = self._tok.encode(text, add_special_tokens=False).ids
         except Exception as e:   # the tokenizers library raises bare Exceptions (lone surrogates, ...)
             raise ValueError(f"the text cannot be tokenized: {e}") from None

@@ -147,6 +147,8 @@ async def _parse(request: Request, model, limits: ServerLimits, model_name: str)
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequest(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")
     try:
@@ -183,7 +185,10 @@ def _prompts(llm: LLM, prompt) -> List[List[int]]:
     out = []
     for p in prompt:
         if isinstance(p, str):
-            out.append(llm.tokenizer.encode(p))
+            try:
+                out.append(llm.tokenizer.encode(p))
+            except ValueError as e:
+                raise BadRequest(str(e), param="prompt") from None
         elif not p or any(not isinstance(t, int) or t < 0 or t >= vocab for t in p):
             raise BadRequest(f"prompt token ids must be non-empty lists of integers in [0, {vocab})", param="prompt")
         else:

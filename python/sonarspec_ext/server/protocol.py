@@ -16,8 +16,8 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid")   # an unknown field is a 400, as OpenAI answers it
     model: Optional[str] = None
     max_tokens: Optional[int] = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    temperature: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int = Field(default=0, ge=-1)      # vLLM's extra field; -1 and 0 both mean off
     seed: Optional[int] = None
     stop: Optional[Union[str, List[str]]] = None
@@ -25,9 +25,9 @@ class _Common(BaseModel):
     stream_options: Optional[StreamOptions] = None
     n: int = Field(default=1, ge=1)   # choices per prompt
     ignore_eos: bool = False
-    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
-    repetition_penalty: float = Field(default=1.0, gt=0, le=100)   # vLLM's extra field
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float = Field(default=1.0, gt=0, le=100, allow_inf_nan=False)   # vLLM's extra field
     logit_bias: Optional[Dict[str, float]] = None   # token id -> bias in [-100, 100]
     user: Optional[str] = None   # OpenAI's end-user id: accepted, not used
 
