@@ -122,8 +122,8 @@ class ModelRunner:
                      penalties: Optional[Callable[[torch.Tensor, int], Optional[tuple]]] = None):
         """A drafter's ``forward_rows`` over (start, token ids, page table) rows (an MTP
         head with ``features``), then per row its top token among the first ``vocab`` logits
-        and ``steps`` chain rounds from it, in one native call: (logits and outputs at each
-        row's last token, tokens (rows, 1 + steps), with ``stop_below`` their scores (rows,
+        and ``steps`` chain rounds from it, in one native call: (logits over the lm_head rows
+        ``model.drafting_io()[2]`` (None: all) and outputs at each row's last token, tokens (rows, 1 + steps), with ``stop_below`` their scores (rows,
         1 + steps) and the chain stopped by it as ``spec.draft_stop`` describes, else None,
         with ``sampling`` the drafts' distributions (rows, 1 + steps, lm_head rows), else
         None); None where it does not apply. ``sampling``: a function giving
@@ -145,7 +145,7 @@ class ModelRunner:
                                                        row_ids, scores=scores, stop_below=stop_below or 0.0,
                                                        sampling=None if sampling is None else sampling(),
                                                        penalties=None if penalties is None else penalties(row_ids, used))
-        return vocab_logits(logits, row_ids, self.model.vocab_size), outs, tokens, scores, probs
+        return logits, outs, tokens, scores, probs
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: PagedAttentionMetadata,

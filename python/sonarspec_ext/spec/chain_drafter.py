@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..models.llama import vocab_logits
 from .draft_stop import truncate_rows
 from .proposer import (Draft, Proposer, RefillRow, chain_sampling, draft_penalties, flush_waiting, fused_chains,
                        propose_chains, vocab_probs, waiting_rows)
@@ -66,6 +67,15 @@ class ChainDrafter(Proposer):
         pad = torch.full((logits.shape[0], V - logits.shape[-1]), float("-inf"), device=logits.device)
         return torch.cat([logits, pad], dim=-1)
 
+    def carried_logits(self, logits) -> torch.Tensor:
+        """Carried logits over the target's vocabulary. A refill run with its chain leaves
+        them over the lm_head rows it used, (row, row ids): widened only when a chain reads
+        them - the next step's refill + chain, the usual case, recomputes them instead."""
+        if isinstance(logits, torch.Tensor):
+            return logits
+        row, row_ids = logits
+        return self.to_target_vocab(vocab_logits(row.unsqueeze(0), row_ids, self.runner.model.vocab_size))[0]
+
     def run(self, rows: List[RefillRow]):
         """One drafter forward over the rows -> (logits cut to the target's vocabulary,
         outputs or None) at each row's last token."""
@@ -106,11 +116,11 @@ class ChainDrafter(Proposer):
                                        penalties=lambda row_ids, rows: draft_penalties(seqs, row_ids, rows))
         if out is None:
             return None
-        logits, outs, tokens, scores, probs = out
-        logits = self.to_target_vocab(logits)
+        logits, outs, tokens, scores, probs = out   # logits over the lm_head rows row_ids
+        row_ids = self.runner.model.drafting_io()[2]
         for i, row in enumerate(rows):
             del self.waiting[row.seq.seq_id]
-            self._carry(row, logits[i], outs[i])
+            self._carry(row, (logits[i], row_ids), outs[i])
         if sampled:   # greedy requests: point masses
             probs = vocab_probs(probs, self.runner.model.drafting_io()[2], self.vocab_size)
             return [Draft(t, None if s.params.greedy else probs[i])
@@ -124,6 +134,7 @@ class ChainDrafter(Proposer):
             return drafts
         flush_waiting(self.waiting, self.refill)
         logits, positions, feats = self._chain_start(seqs)
+        logits = [self.carried_logits(row) for row in logits]
         stacked = torch.stack(feats) if feats is not None and seqs else None
         drafts = fused_chains(self, seqs, ks, logits, positions, self.window, stacked, self.stop_below)
         if drafts is not None:

@@ -49,7 +49,8 @@ class EagleTreeProposer(MTPProposer):
         fits = [self.planner.max_model_len - s.num_tokens >= self.lookahead for s in seqs]
         builders = [TreeBuilder(s.all_ids[-1], self.top_k, nodes, min(k, nodes) if ok else 0, self.paths)
                     for s, k, ok in zip(seqs, ks, fits)]
-        self._add_children(builders, [[-1] for _ in seqs], torch.stack([st.logits for st in states]), seqs)
+        first = torch.stack([self.carried_logits(st.logits) for st in states])
+        self._add_children(builders, [[-1] for _ in seqs], first, seqs)
         for depth in range(1, max(b.depth for b in builders)):
             expand = [b.to_expand(depth) for b in builders]
             if not any(expand):
