@@ -69,7 +69,7 @@ def _make_llm(args):
     llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
               quantization=args.quantization, **options)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos,
+                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos, stop=args.stop,
                             repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
                             frequency_penalty=args.frequency_penalty)
     return llm, params, method
@@ -129,6 +129,8 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
     p.add_argument("--frequency-penalty", type=float, default=0.0,
                    help="subtracted per occurrence of a token already generated, in [-2, 2] (0: off)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop before this text (repeatable); the reply ends where the first one appears")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="activation dtype")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],

@@ -35,6 +35,20 @@ def test_generate_reports_bad_input_cleanly(llama_dir, tmp_path):
     assert r.returncode == 2 and "--draft-stop-prob: must lie in [0, 1)" in r.stderr
 
 
+def test_generate_stops_before_a_stop_string_as_the_library_does(llama_dir):
+    full = LLM(llama_dir).generate("hello", SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0].text
+    stop = full[len(full) // 2:len(full) // 2 + 2]   # two characters from the middle of the reply
+    ref = LLM(llama_dir).generate("hello", SamplingParams(max_tokens=24, temperature=0, ignore_eos=True,
+                                                           stop=["@@never@@", stop]))[0]
+    assert len(ref.text) < len(full) and stop not in ref.text
+    r = run_cli("generate", "hello", "--model", llama_dir, "--max-tokens", "24", "--ignore-eos",
+                "--stop", "@@never@@", "--stop", stop)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n") == "hello" + ref.text
+    r = run_cli("generate", "hello", "--model", llama_dir, "--stop", "")
+    assert r.returncode == 2 and "stop must be non-empty strings" in r.stderr
+
+
 def test_generate_with_confidence_stopped_chains_prints_the_plain_continuation():
     args = ("generate", "hello", "--model", "default", "--max-tokens", "16", "--ignore-eos", "--spec-control",
             "always")
