@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """ops.chain_speculative_sampling (native CPU kernel) against its torch reference and the
-engine's vectorised per-request verifier, and ops.tree_speculative_sampling against its
-reference; same inputs, same run; median of 5 batches.
+engine's vectorised per-request verifier, ops.tree_speculative_sampling against its
+reference, and ops.sampling.processed_probs (the distribution a sampled request draws
+from: temperature, top-k, top-p) against its torch reference on rows shaped like
+SmolLM2's logits; same inputs, same run; median of 5 batches.
 
     python tools/bench_sampling.py [--json PATH] [--quick]
 """
@@ -14,6 +16,7 @@ import torch
 
 from sonarspec_ext import ops
 from sonarspec_ext.bench import median_us
+from sonarspec_ext.ops.sampling import processed_probs, processed_probs_reference
 from sonarspec_ext.testing.reference import chain_speculative_sampling_reference, tree_speculative_sampling_reference
 from sonarspec_ext.params import SamplingParams
 from sonarspec_ext.spec.tree import DraftTree
@@ -66,10 +69,32 @@ def main() -> None:
                       "reference_us": round(reference, 1), "native_vs_reference": round(reference / native, 1)})
         print(f"tree B {B:3d} N {N:2d} V {V:6d}: native {native:9.1f} us   torch reference {reference:10.1f} us "
               f"({reference / native:6.1f}x)")
+    processed = processed_rows(args.quick)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"threads": torch.get_num_threads(), "torch": torch.__version__, "results": rows,
-                       "trees": trees}, fh, indent=1)
+                       "trees": trees, "processed_probs": processed}, fh, indent=1)
+
+
+def processed_rows(quick: bool):
+    """processed_probs against the torch reference: 1 row (a sampled decode) and 5 rows (a
+    verification of 1 + 4 tokens) over a 49152-token vocabulary, logits with a language
+    model's spread (a few large values over a long flat tail)."""
+    out = []
+    g = torch.Generator().manual_seed(0)
+    settings = [(0.7, 0, 1.0), (0.7, 40, 1.0)] if quick else [(0.7, 0, 1.0), (0.7, 40, 1.0), (0.7, 0, 0.95),
+                                                              (1.0, 50, 0.9)]
+    for rows in (1, 5):
+        logits = torch.randn(rows, 49152, generator=g) * 2.5 + torch.empty(rows, 49152).exponential_(generator=g) * 2
+        for t, k, p in settings:
+            with torch.inference_mode():
+                native = median_us(lambda: processed_probs(logits, t, k, p), 50)
+                reference = median_us(lambda: processed_probs_reference(logits, t, k, p), 5)
+            out.append({"rows": rows, "vocab": 49152, "temperature": t, "top_k": k, "top_p": p,
+                        "native_us": round(native, 1), "reference_us": round(reference, 1)})
+            print(f"processed_probs rows {rows} T {t} top_k {k:2d} top_p {p}: native {native:7.1f} us   "
+                  f"torch reference {reference:8.1f} us ({reference / native:5.1f}x)")
+    return out
 
 
 if __name__ == "__main__":

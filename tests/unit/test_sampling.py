@@ -96,6 +96,28 @@ def test_native_processed_probs_match_the_torch_reference(temperature, top_k, to
         processed_probs(logits[0], 1.0)
 
 
+@pytest.mark.parametrize("vocab", [1, 2, 7, 13, 1000, 49152])
+def test_native_top_k_keeps_exactly_the_values_at_or_above_the_kth(vocab):
+    """The native top-k keeps a token iff its logit is >= the k-th largest (torch.topk's k-th
+    value): every k, on rows with long ties, -inf entries, signed zeros, all-negative values
+    and values packed into one narrow range, for vocabularies of awkward sizes."""
+    from sonarspec_ext.ops.sampling import processed_probs
+    g = torch.Generator().manual_seed(vocab)
+    rows = [torch.randn(vocab, generator=g) * 3,
+            torch.randint(-3, 3, (vocab,), generator=g).float(),                 # long ties
+            torch.where(torch.rand(vocab, generator=g) < 0.3, float("-inf"), torch.randn(vocab, generator=g)),
+            torch.randn(vocab, generator=g).abs().neg() - 50,                     # all negative
+            8 + torch.rand(vocab, generator=g) * 1e-3,                            # one narrow range
+            torch.where(torch.rand(vocab, generator=g) < 0.5, torch.tensor(0.0), torch.tensor(-0.0))]
+    logits = torch.stack(rows)
+    logits[2, 0] = 1.0   # at least one finite value per row
+    ks = sorted({1, 2, 3, vocab // 2, vocab - 1, 40} & set(range(1, vocab)))
+    for k in ks:
+        probs = processed_probs(logits, 1.0, k)
+        kth = torch.topk(logits, k, dim=-1).values[:, -1:]
+        assert torch.equal(probs > 0, (logits >= kth) & torch.isfinite(logits)), k
+
+
 def test_native_sampler_draws_the_processed_distribution():
     """engine.sampler.sample on the CPU (native distribution, inverse-CDF draws from each
     request's generator) against the processed probabilities: chi-square at 0.001."""

@@ -87,24 +87,181 @@ double nucleus(float* p, int64_t vocab, double total, float top_p) {
   return kept;
 }
 
-void one_row(const float* logits, float* p, int64_t vocab, float temperature, int64_t top_k, float top_p) {
+#if defined(__x86_64__)
+// The maximum of logits / temperature, as the scalar loop below computes it (the same
+// divisions; max(x, m) keeps m for a NaN x as std::max(m, x) does); the quotients are
+// stored in p unless p is null.
+__attribute__((target("avx2,fma"))) float scale_max_avx2(const float* logits, float* p, int64_t vocab,
+                                                         float temperature) {
+  const __m256 t = _mm256_set1_ps(temperature);
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 8 <= vocab; j += 8) {
+    const __m256 x = _mm256_div_ps(_mm256_loadu_ps(logits + j), t);
+    if (p != nullptr) _mm256_storeu_ps(p + j, x);
+    mv = _mm256_max_ps(x, mv);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mv);
+  float mx = -INFINITY;
+  for (float v : lanes) mx = std::max(mx, v);
+  for (; j < vocab; ++j) {
+    const float x = logits[j] / temperature;
+    if (p != nullptr) p[j] = x;
+    mx = std::max(mx, x);
+  }
+  return mx;
+}
+
+// p = exp(src / divisor - mx); returns the sum of the results in double precision, added
+// in the order sum_as_double adds them.
+__attribute__((target("avx2,fma"))) double exp_shifted_sum_avx2(const float* src, float divisor, float* p,
+                                                                 int64_t vocab, float mx) {
+  const __m256 m = _mm256_set1_ps(mx), d = _mm256_set1_ps(divisor);
+  __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+  int64_t j = 0;
+  for (; j + 8 <= vocab; j += 8) {
+    const __m256 e = exp_neg_avx2(_mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(src + j), d), m));
+    _mm256_storeu_ps(p + j, e);
+    a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(a0, a1));
+  double s = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (int64_t t = j; t < vocab; ++t) p[t] = src[t] / divisor - mx;
+  exp_inplace(p + j, static_cast<int>(vocab - j));
+  for (; j < vocab; ++j) s += p[j];
+  return s;
+}
+#endif
+
+// An order-preserving key of a float's bits: a larger float has a larger key.
+inline uint32_t order_key(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The k-th largest of p[0..n) (1 <= k <= n), the value std::nth_element finds. Here the
+// top bits of the keys make ordered buckets (counted in four interleaved histograms, so that
+// runs of one bucket do not wait on each other's increments); only the bucket holding the
+// k-th largest is selected from.
+float kth_largest_histogram(const float* p, int64_t n, int64_t k) {
+  constexpr int kKeyBits = 12, kBuckets = 1 << kKeyBits;
+  thread_local std::vector<int32_t> counts;
+  thread_local std::vector<float> bucket;
+  counts.assign(4 * kBuckets, 0);
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    for (int h = 0; h < 4; ++h) ++counts[h * kBuckets + (order_key(p[j + h]) >> (32 - kKeyBits))];
+  }
+  for (; j < n; ++j) ++counts[order_key(p[j]) >> (32 - kKeyBits)];
+  int64_t above = 0;  // values in the buckets above b
+  int64_t b = kBuckets - 1;
+  auto count = [&](int64_t i) {
+    return int64_t{counts[i]} + counts[kBuckets + i] + counts[2 * kBuckets + i] + counts[3 * kBuckets + i];
+  };
+  for (; b > 0 && above + count(b) < k; --b) above += count(b);
+  bucket.clear();
+  for (j = 0; j < n; ++j) {
+    if (static_cast<int64_t>(order_key(p[j]) >> (32 - kKeyBits)) == b) bucket.push_back(p[j]);
+  }
+  const int64_t r = std::min<int64_t>(k - above, static_cast<int64_t>(bucket.size())) - 1;
+  std::nth_element(bucket.begin(), bucket.begin() + r, bucket.end(), std::greater<float>());
+  return bucket[r];
+}
+
+#if defined(__x86_64__)
+// The k-th largest through block maxima, for k up to the number of 32-value blocks: the
+// k-th largest of the maxima, tau, is at most the k-th largest value (k values reach it),
+// so the values >= tau hold the k largest and the k-th of them is the answer. false where
+// a NaN or too few candidates leave it to the histogram.
+__attribute__((target("avx2,fma"))) bool kth_largest_blocks_avx2(const float* p, int64_t n, int64_t k,
+                                                                  float* kth) {
+  const int64_t blocks = n / 32;
+  if (k > blocks) return false;
+  thread_local std::vector<float> maxima, candidates;
+  maxima.resize(static_cast<size_t>(blocks));
+  __m256 unordered = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* q = p + 32 * b;
+    const __m256 x0 = _mm256_loadu_ps(q), x1 = _mm256_loadu_ps(q + 8);
+    const __m256 x2 = _mm256_loadu_ps(q + 16), x3 = _mm256_loadu_ps(q + 24);
+    unordered = _mm256_or_ps(unordered, _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(x0, x0, _CMP_UNORD_Q),
+                                                                  _mm256_cmp_ps(x1, x1, _CMP_UNORD_Q)),
+                                                    _mm256_or_ps(_mm256_cmp_ps(x2, x2, _CMP_UNORD_Q),
+                                                                 _mm256_cmp_ps(x3, x3, _CMP_UNORD_Q))));
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(x0, x1), _mm256_max_ps(x2, x3));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    maxima[static_cast<size_t>(b)] = _mm_cvtss_f32(h);
+  }
+  if (_mm256_movemask_ps(unordered) != 0) return false;
+  for (int64_t j = 32 * blocks; j < n; ++j) {
+    if (std::isnan(p[j])) return false;
+  }
+  std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(), std::greater<float>());
+  const float tau = maxima[static_cast<size_t>(k - 1)];
+  const __m256 t = _mm256_set1_ps(tau);
+  candidates.clear();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    int hits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(p + j), t, _CMP_GE_OQ));
+    for (; hits != 0; hits &= hits - 1) candidates.push_back(p[j + __builtin_ctz(hits)]);
+  }
+  for (; j < n; ++j) {
+    if (p[j] >= tau) candidates.push_back(p[j]);
+  }
+  if (static_cast<int64_t>(candidates.size()) < k) return false;
+  std::nth_element(candidates.begin(), candidates.begin() + (k - 1), candidates.end(), std::greater<float>());
+  *kth = candidates[static_cast<size_t>(k - 1)];
+  return true;
+}
+#endif
+
+float kth_largest(const float* p, int64_t n, int64_t k) {
+#if defined(__x86_64__)
+  float kth;
+  if (cpu_has_avx2() && kth_largest_blocks_avx2(p, n, k, &kth)) return kth;
+#endif
+  return kth_largest_histogram(p, n, k);
+}
+
+float scale_max(const float* logits, float* p, int64_t vocab, float temperature) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return scale_max_avx2(logits, p, vocab, temperature);
+#endif
   float mx = -INFINITY;
   for (int64_t j = 0; j < vocab; ++j) {
-    p[j] = logits[j] / temperature;
-    mx = std::max(mx, p[j]);
+    const float x = logits[j] / temperature;
+    if (p != nullptr) p[j] = x;
+    mx = std::max(mx, x);
   }
-  if (top_k > 0 && top_k < vocab) {  // keep values >= the k-th largest
-    thread_local std::vector<float> tmp;
-    tmp.assign(p, p + vocab);
-    std::nth_element(tmp.begin(), tmp.begin() + (top_k - 1), tmp.end(), std::greater<float>());
-    const float kth = tmp[top_k - 1];
+  return mx;
+}
+
+double exp_shifted_sum(const float* src, float divisor, float* p, int64_t vocab, float mx) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return exp_shifted_sum_avx2(src, divisor, p, vocab, mx);
+#endif
+  for (int64_t j = 0; j < vocab; ++j) p[j] = src[j] / divisor - mx;  // <= 0; -inf for removed tokens
+  exp_inplace(p, static_cast<int>(vocab));
+  return sum_as_double(p, vocab);
+}
+
+void one_row(const float* logits, float* p, int64_t vocab, float temperature, int64_t top_k, float top_p) {
+  // with top-k the quotients are kept to filter (then divided by 1, exactly); else recomputed
+  const bool filter = top_k > 0 && top_k < vocab;
+  const float mx = scale_max(logits, filter ? p : nullptr, vocab, temperature);
+  if (filter) {  // keep values >= the k-th largest
+    const float kth = kth_largest(p, vocab, top_k);
     for (int64_t j = 0; j < vocab; ++j) {
       if (p[j] < kth) p[j] = -INFINITY;
     }
   }
-  for (int64_t j = 0; j < vocab; ++j) p[j] -= mx;  // <= 0; -inf for removed tokens
-  exp_inplace(p, static_cast<int>(vocab));
-  double total = sum_as_double(p, vocab);
+  double total = filter ? exp_shifted_sum(p, 1.f, p, vocab, mx) : exp_shifted_sum(logits, temperature, p, vocab, mx);
   if (top_p < 1.f) total = nucleus(p, vocab, total, top_p);
   const float inv = static_cast<float>(1.0 / total);
   for (int64_t j = 0; j < vocab; ++j) p[j] *= inv;
