@@ -47,6 +47,96 @@ inline uint32_t bucket_of(float v) {
   return u >> (31 - kBucketBits);
 }
 
+#if defined(__x86_64__)
+// nucleus's three passes over the row with AVX2, in the same order and arithmetic: the
+// tokens at or above tiny added to their buckets in index order, the boundary bucket's
+// tokens gathered in index order, the buckets below it zeroed (bucket tests on the float
+// bits, which order non-negative floats).
+__attribute__((target("avx2,fma"))) void nucleus_histogram_avx2(float* p, int64_t vocab, float tiny,
+                                                                 std::vector<double>& sums) {
+  const __m256 t = _mm256_set1_ps(tiny), zero = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= vocab; j += 8) {
+    const __m256 x = _mm256_loadu_ps(p + j);
+    const __m256 below = _mm256_cmp_ps(x, t, _CMP_LT_OQ);
+    _mm256_storeu_ps(p + j, _mm256_blendv_ps(x, zero, below));
+    int kept = _mm256_movemask_ps(_mm256_andnot_ps(below, _mm256_cmp_ps(x, zero, _CMP_GT_OQ)));
+    for (; kept != 0; kept &= kept - 1) {
+      const float v = p[j + __builtin_ctz(kept)];
+      sums[bucket_of(v)] += v;
+    }
+  }
+  for (; j < vocab; ++j) {
+    if (p[j] < tiny) {
+      p[j] = 0.f;
+    } else if (p[j] > 0.f) {
+      sums[bucket_of(p[j])] += p[j];
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"))) void nucleus_gather_avx2(const float* p, int64_t vocab, int64_t b,
+                                                              std::vector<int64_t>& boundary) {
+  const __m256i bv = _mm256_set1_epi32(static_cast<int32_t>(b));
+  const __m256 zero = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= vocab; j += 8) {
+    const __m256 x = _mm256_loadu_ps(p + j);
+    const __m256i in = _mm256_cmpeq_epi32(_mm256_srli_epi32(_mm256_castps_si256(x), 31 - kBucketBits), bv);
+    int hits = _mm256_movemask_ps(_mm256_and_ps(_mm256_castsi256_ps(in), _mm256_cmp_ps(x, zero, _CMP_GT_OQ)));
+    for (; hits != 0; hits &= hits - 1) boundary.push_back(j + __builtin_ctz(hits));
+  }
+  for (; j < vocab; ++j) {
+    if (p[j] > 0.f && static_cast<int64_t>(bucket_of(p[j])) == b) boundary.push_back(j);
+  }
+}
+
+__attribute__((target("avx2,fma"))) void nucleus_zero_below_avx2(float* p, int64_t vocab, int64_t b) {
+  const __m256i bv = _mm256_set1_epi32(static_cast<int32_t>(b));
+  int64_t j = 0;
+  for (; j + 8 <= vocab; j += 8) {
+    const __m256 x = _mm256_loadu_ps(p + j);
+    const __m256i below = _mm256_cmpgt_epi32(bv, _mm256_srli_epi32(_mm256_castps_si256(x), 31 - kBucketBits));
+    _mm256_storeu_ps(p + j, _mm256_andnot_ps(_mm256_castsi256_ps(below), x));
+  }
+  for (; j < vocab; ++j) {
+    if (p[j] > 0.f && static_cast<int64_t>(bucket_of(p[j])) < b) p[j] = 0.f;
+  }
+}
+#endif
+
+// nucleus's passes, with AVX2 where the CPU has it.
+void nucleus_histogram(float* p, int64_t vocab, float tiny, std::vector<double>& sums) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return nucleus_histogram_avx2(p, vocab, tiny, sums);
+#endif
+  for (int64_t j = 0; j < vocab; ++j) {
+    if (p[j] < tiny) {
+      p[j] = 0.f;
+    } else if (p[j] > 0.f) {
+      sums[bucket_of(p[j])] += p[j];
+    }
+  }
+}
+
+void nucleus_gather(const float* p, int64_t vocab, int64_t b, std::vector<int64_t>& boundary) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return nucleus_gather_avx2(p, vocab, b, boundary);
+#endif
+  for (int64_t j = 0; j < vocab; ++j) {
+    if (p[j] > 0.f && static_cast<int64_t>(bucket_of(p[j])) == b) boundary.push_back(j);
+  }
+}
+
+void nucleus_zero_below(float* p, int64_t vocab, int64_t b) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return nucleus_zero_below_avx2(p, vocab, b);
+#endif
+  for (int64_t j = 0; j < vocab; ++j) {
+    if (p[j] > 0.f && static_cast<int64_t>(bucket_of(p[j])) < b) p[j] = 0.f;
+  }
+}
+
 // p: unnormalised probabilities (>= 0) summing to `total`; zeroes every token outside the
 // nucleus and returns the kept mass. Buckets of the float bits are walked from the largest
 // values down until the mass reaches top_p; only the bucket where it does is sorted.
@@ -59,21 +149,13 @@ double nucleus(float* p, int64_t vocab, double total, float top_p) {
   // (by a margin far beyond rounding). Zeroing them first leaves the buckets the walk below
   // visits, and so the result, unchanged, and spares the histogram most of a flat tail.
   const float tiny = static_cast<float>(0.5 * (1.0 - static_cast<double>(top_p)) * total / static_cast<double>(vocab));
-  for (int64_t j = 0; j < vocab; ++j) {
-    if (p[j] < tiny) {
-      p[j] = 0.f;
-    } else if (p[j] > 0.f) {
-      sums[bucket_of(p[j])] += p[j];
-    }
-  }
+  nucleus_histogram(p, vocab, tiny, sums);
   const double target = static_cast<double>(top_p) * total;
   double before = 0;  // mass of the buckets above the boundary one
   int64_t b = static_cast<int64_t>(sums.size()) - 1;
   for (; b > 0 && before + sums[b] < target; --b) before += sums[b];
   boundary.clear();
-  for (int64_t j = 0; j < vocab; ++j) {
-    if (p[j] > 0.f && static_cast<int64_t>(bucket_of(p[j])) == b) boundary.push_back(j);
-  }
+  nucleus_gather(p, vocab, b, boundary);
   std::sort(boundary.begin(), boundary.end(),
             [&](int64_t x, int64_t y) { return p[x] > p[y] || (p[x] == p[y] && x < y); });
   // keep boundary tokens while the mass before them is below the target (the first always)
@@ -81,9 +163,7 @@ double nucleus(float* p, int64_t vocab, double total, float top_p) {
   size_t n = 0;
   for (; n < boundary.size() && (kept < target || (n == 0 && before == 0)); ++n) kept += p[boundary[n]];
   for (size_t i = n; i < boundary.size(); ++i) p[boundary[i]] = 0.f;
-  for (int64_t j = 0; j < vocab; ++j) {
-    if (p[j] > 0.f && static_cast<int64_t>(bucket_of(p[j])) < b) p[j] = 0.f;
-  }
+  nucleus_zero_below(p, vocab, b);
   return kept;
 }
 
