@@ -11,7 +11,8 @@ per-prompt ratios), tokens per step and drafted tokens per step.
 
     python tools/bench_draft_stop.py [--model smollm2] [--prompts 60] [--max-tokens 128]
                                      [--configs 2 3 4:0.1] [--heads default DIR ...] [--adaptive]
-                                     [--temperature T] [--no-draft-sampling] [--repetition-penalty R]
+                                     [--temperature T] [--top-p P] [--top-k K] [--no-draft-sampling]
+                                     [--repetition-penalty R]
                                      [--presence-penalty P] [--frequency-penalty F] [--json PATH]
 
 A configuration is K (chains of K tokens) or K:P (at most K, stopped below probability P),
@@ -50,6 +51,8 @@ def main() -> None:
     ap.add_argument("--heads", nargs="+", default=["default"], help="MTP head dirs ('default': the packaged one)")
     ap.add_argument("--adaptive", action="store_true", help="under the adaptive speculation control")
     ap.add_argument("--temperature", type=float, default=0.0, help="sample at T (seeded per prompt); 0: greedy")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus for sampled requests (1.0: off)")
+    ap.add_argument("--top-k", type=int, default=0, help="top-k for sampled requests (0: off)")
     ap.add_argument("--draft-sampling", action=argparse.BooleanOptionalAction, default=True,
                     help="sampled requests draw drafts from the head's distribution (engine option draft_sampling)")
     ap.add_argument("--repetition-penalty", type=float, default=1.0)
@@ -73,7 +76,8 @@ def main() -> None:
     tokens = dict.fromkeys(configs, 0)
     for i, item in enumerate(held_out):
         messages = [{"role": "user", "content": item["prompt"]}]
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=i, **penalties)
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=i, **penalties)
         times, outs = {}, {}
         for name, llm in rotated(llms.items(), i):
             t0 = time.perf_counter()
@@ -107,7 +111,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"model": args.model, "heads": args.heads, "adaptive": args.adaptive, "prompts": len(held_out),
-                       "max_tokens": args.max_tokens, "temperature": args.temperature,
+                       "max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                       "top_k": args.top_k,
                        "draft_sampling": args.draft_sampling, **penalties, "output_tokens": tokens, "cpu": cpu_info(),
                        "rows": rows}, fh, indent=1)
 
