@@ -84,15 +84,23 @@ def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, Optional[torch.
             groups.setdefault((len(draft.token_ids), draft.probs is not None), []).append(i)
     for (k, has_q), idx in groups.items():
         dev = items[idx[0]][0].device
-        p = processed_probs_rows(torch.cat([items[i][0] for i in idx]), [items[i][2] for i in idx for _ in range(k + 1)])
+        p = processed_probs_rows(_joined([items[i][0] for i in idx], torch.cat),
+                                 [items[i][2] for i in idx for _ in range(k + 1)])
         p = p.view(len(idx), k + 1, -1)
         u = torch.stack([torch.rand(k + 1, dtype=torch.float64, generator=items[i][3], device=dev) for i in idx])
-        q = torch.stack([items[i][1].probs for i in idx]).float() if has_q else None
+        q = _joined([items[i][1].probs for i in idx], torch.stack).float() if has_q else None
         ids = torch.tensor([items[i][1].token_ids for i in idx], dtype=torch.long, device=dev).view(len(idx), k)
         out, _, emitted = ops.chain_speculative_sampling(q, ids, p, uniforms=u)
         for r, (row, a) in enumerate(zip(out.tolist(), emitted.tolist())):
             results[idx[r]] = (row[:a + 1], a)
     return results
+
+
+def _joined(tensors: List[torch.Tensor], join) -> torch.Tensor:
+    """``join(tensors)`` (torch.cat or torch.stack); one tensor is not copied."""
+    if len(tensors) > 1:
+        return join(tensors)
+    return tensors[0] if join is torch.cat else tensors[0].unsqueeze(0)
 
 
 def verify_tree(target_logits: torch.Tensor, draft: Draft, params,
