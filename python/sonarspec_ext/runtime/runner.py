@@ -123,8 +123,9 @@ class ModelRunner:
         """A drafter's ``forward_rows`` over (start, token ids, page table) rows (an MTP
         head with ``features``), then per row its top token among the first ``vocab`` logits
         and ``steps`` chain rounds from it, in one native call: (logits over the lm_head rows
-        ``model.drafting_io()[2]`` (None: all) and outputs at each row's last token, tokens (rows, 1 + steps), with ``stop_below`` their scores (rows,
-        1 + steps) and the chain stopped by it as ``spec.draft_stop`` describes, else None,
+        ``model.drafting_io()[2]`` (None: all) and outputs at each row's last token, tokens
+        (rows, 1 + steps), with ``stop_below`` their scores (rows, 1 + steps) and the chain
+        stopped by it as ``spec.draft_stop`` describes, else None,
         with ``sampling`` the drafts' distributions (rows, 1 + steps, lm_head rows), else
         None); None where it does not apply. ``sampling``: a function giving
         ``ops.stack_drafting.refill_chain``'s sampling arguments (the tokens then drawn),

@@ -122,7 +122,7 @@ class ChainDrafter(Proposer):
             del self.waiting[row.seq.seq_id]
             self._carry(row, (logits[i], row_ids), outs[i])
         if sampled:   # greedy requests: point masses
-            probs = vocab_probs(probs, self.runner.model.drafting_io()[2], self.vocab_size)
+            probs = vocab_probs(probs, row_ids, self.vocab_size)
             return [Draft(t, None if s.params.greedy else probs[i])
                     for i, (s, t) in enumerate(zip(seqs, tokens.tolist()))]
         chains = tokens.tolist() if scores is None else truncate_rows(tokens, scores, self.stop_below)

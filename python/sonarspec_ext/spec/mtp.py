@@ -29,7 +29,7 @@ from .proposer import RefillRow, StepRecord, flush_waiting
 @dataclass
 class _HeadState:
     valid: int                              # head KV positions 0 .. valid-1 hold accurate entries
-    logits: Optional[object] = None   # predicts token ``valid + 1`` (ChainDrafter.carried_logits)
+    logits: Optional[object] = None         # predicts token ``valid + 1`` (ChainDrafter.carried_logits)
     feature: Optional[torch.Tensor] = None  # predicted target feature at position ``valid``
     # target features of positions valid.. not yet run (paused steps): one block per step, joined
     # once speculation resumes (appending to one tensor would copy it every paused step)
