@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import List
 
+import torch
+
 from ..spec.proposer import StepRecord
 from .blocks import pack
 from ..spec.verify import verify_chains, verify_tree
@@ -25,14 +27,16 @@ def generic_step(engine, batch, drafts) -> List:
     chains = [(_block_logits(logits, b), b.draft, b.seq.params, b.seq.generator)
               for b in blocks if b.at_end and b.draft is not None and b.draft.tree is None]
     chain_results = iter(verify_chains(chains))
+    plain = [j for j, b in enumerate(blocks) if b.at_end and b.draft is None]
+    plain_tokens = dict(zip(plain, _sample_rows(logits, [blocks[j] for j in plain])))
     results = []
-    for b in blocks:
+    for j, b in enumerate(blocks):
         seq, end = b.seq, b.row + b.num_tokens
         tokens, accepted, used = [], 0, list(range(b.row, end))   # used: rows now valid
         rows = None   # the block's logits rows the tokens were drawn from, for their logprobs
         if b.at_end:
             if b.draft is None:
-                tokens = sample(_block_logits(logits, b), [seq.params], [seq.generator])
+                tokens = [plain_tokens[j]]
             elif b.draft.tree is not None:
                 tokens, path = verify_tree(_block_logits(logits, b), b.draft, seq.params, seq.generator)
                 accepted = len(path)
@@ -64,6 +68,19 @@ def generic_step(engine, batch, drafts) -> List:
     engine.timing["verify"] += t3 - t2
     engine.timing["sample"] += t4 - t3
     return [b.seq for b in blocks if b.at_end]
+
+
+def _sample_rows(logits, blocks) -> List[int]:
+    """A token for each of ``blocks`` (no drafts: one logits row each) from one ``sample``
+    call over their rows - the tokens one call per block gives, each request drawing from
+    its own generator."""
+    if not blocks:
+        return []
+    rows = [b.logits_offset for b in blocks]
+    first = rows[0]
+    adjacent = rows == list(range(first, first + len(rows)))   # a view, no copy
+    own = logits[first:first + len(rows)] if adjacent else logits[torch.tensor(rows, device=logits.device)]
+    return sample(own, [b.seq.params for b in blocks], [b.seq.generator for b in blocks])
 
 
 def _block_logits(logits, b):
