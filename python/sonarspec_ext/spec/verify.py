@@ -103,15 +103,15 @@ def _rows(blocks: List[torch.Tensor]) -> torch.Tensor:
     first = blocks[0]
     if len(blocks) == 1:
         return first
-    row_bytes = first.stride(0) * first.element_size()
+    width = first.shape[-1]
     ptr, rows = first.data_ptr(), 0
-    for b in blocks:
-        if (b.dim() != 2 or not b.is_contiguous() or b.shape[1] != first.shape[1]
+    for b in blocks:   # contiguous rows of `width` values, each block right after the one before
+        if (b.dim() != 2 or not b.is_contiguous() or b.shape[1] != width
                 or b.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
-                or b.data_ptr() != ptr + rows * row_bytes):
+                or b.data_ptr() != ptr + rows * width * b.element_size()):
             return torch.cat(blocks)
         rows += b.shape[0]
-    return first.as_strided((rows, first.shape[1]), first.stride(), first.storage_offset())
+    return first.as_strided((rows, width), (width, 1), first.storage_offset())
 
 
 def verify_tree(target_logits: torch.Tensor, draft: Draft, params,
