@@ -193,10 +193,10 @@ def test_batched_engine_verification_equals_per_request_verification():
 
 def test_chains_whose_logits_lie_back_to_back_are_verified_from_one_view():
     """A step's blocks of logits (views into one tensor) verify exactly as copies of them do;
-    spec.verify._rows joins back-to-back views without a copy, and copies any other order."""
+    spec.verify.joined_rows joins back-to-back views without a copy, and copies any other order."""
     from sonarspec_ext.params import SamplingParams
     from sonarspec_ext.spec.proposer import Draft
-    from sonarspec_ext.spec.verify import _rows, verify_chains
+    from sonarspec_ext.spec.verify import joined_rows, verify_chains
     g = torch.Generator().manual_seed(1)
     ks = [0, 2, 1, 3, 0, 2]
     step = torch.randn(sum(k + 1 for k in ks), 500, generator=g) * 3
@@ -204,12 +204,12 @@ def test_chains_whose_logits_lie_back_to_back_are_verified_from_one_view():
     for k in ks:
         views.append(step[at:at + k + 1])
         at += k + 1
-    joined = _rows(views)
+    joined = joined_rows(views)
     assert joined.data_ptr() == step.data_ptr() and torch.equal(joined, step)
     shuffled = [views[2], views[0], views[1]]
-    assert torch.equal(_rows(shuffled), torch.cat(shuffled)) and _rows(shuffled).data_ptr() != step.data_ptr()
+    assert torch.equal(joined_rows(shuffled), torch.cat(shuffled)) and joined_rows(shuffled).data_ptr() != step.data_ptr()
     gapped = [views[0], views[2]]
-    assert torch.equal(_rows(gapped), torch.cat(gapped))
+    assert torch.equal(joined_rows(gapped), torch.cat(gapped))
     for temperature in (0.0, 0.8):
         def run(blocks):
             out = []

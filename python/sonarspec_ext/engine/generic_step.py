@@ -5,11 +5,9 @@ from __future__ import annotations
 import time
 from typing import List
 
-import torch
-
 from ..spec.proposer import StepRecord
 from .blocks import pack
-from ..spec.verify import verify_chains, verify_tree
+from ..spec.verify import joined_rows, verify_chains, verify_tree
 from ..sampling.penalties import apply_penalties
 from ..sampling.sampler import sample
 
@@ -76,11 +74,8 @@ def _sample_rows(logits, blocks) -> List[int]:
     its own generator."""
     if not blocks:
         return []
-    rows = [b.logits_offset for b in blocks]
-    first = rows[0]
-    adjacent = rows == list(range(first, first + len(rows)))   # a view, no copy
-    own = logits[first:first + len(rows)] if adjacent else logits[torch.tensor(rows, device=logits.device)]
-    return sample(own, [b.seq.params for b in blocks], [b.seq.generator for b in blocks])
+    return sample(joined_rows([_block_logits(logits, b) for b in blocks]), [b.seq.params for b in blocks],
+                  [b.seq.generator for b in blocks])
 
 
 def _hidden_rows(hidden, used: List[int]):

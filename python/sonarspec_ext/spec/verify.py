@@ -69,7 +69,7 @@ def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, Optional[torch.
     results: List[Optional[Tuple[List[int], int]]] = [None] * len(items)
     greedy = [i for i, it in enumerate(items) if it[2].greedy]
     if greedy:   # every greedy chain's top tokens in one read
-        best = top_tokens(_rows([items[i][0] for i in greedy]))
+        best = top_tokens(joined_rows([items[i][0] for i in greedy]))
         row = 0
         for i in greedy:
             n = len(items[i][1].token_ids) + 1
@@ -84,7 +84,7 @@ def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, Optional[torch.
             groups.setdefault((len(draft.token_ids), draft.probs is not None), []).append(i)
     for (k, has_q), idx in groups.items():
         dev = items[idx[0]][0].device
-        p = processed_probs_rows(_rows([items[i][0] for i in idx]), [items[i][2] for i in idx for _ in range(k + 1)])
+        p = processed_probs_rows(joined_rows([items[i][0] for i in idx]), [items[i][2] for i in idx for _ in range(k + 1)])
         p = p.view(len(idx), k + 1, -1)
         u = torch.stack([torch.rand(k + 1, dtype=torch.float64, generator=items[i][3], device=dev) for i in idx])
         qs = [items[i][1].probs for i in idx]
@@ -96,7 +96,7 @@ def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, Optional[torch.
     return results
 
 
-def _rows(blocks: List[torch.Tensor]) -> torch.Tensor:
+def joined_rows(blocks: List[torch.Tensor]) -> torch.Tensor:
     """The rows of ``blocks`` (2-D, of one width) in order as one tensor: a view where they
     lie back to back in one storage (the blocks of a step's logits, the usual case: a copy
     of a batch of 64 rows of a 49152-token vocabulary costs milliseconds), else a copy."""
