@@ -17,6 +17,7 @@
 #include "sonarspec/thread_pool.h"
 #ifdef SONARSPEC_WITH_CUDA
 #include "sonarspec/device.h"
+#include "sonarspec/paged_attention_cuda.h"
 #endif
 #ifdef SONARSPEC_WITH_CUTLASS
 #include "sonarspec/padded_gemm.h"
@@ -165,6 +166,34 @@ int64_t paged_attention(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, int kv_
                              num_tokens, num_heads, num_kv_heads, head_dim, num_slots, scale, num_threads);
 }
 
+// CUDA paged attention (ops/paged_attention.py validated the tensors); raises on a failed
+// launch or in builds without CUDA.
+void paged_attention_cuda_op(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, int dtype, uintptr_t out,
+                             uintptr_t block_table, uintptr_t token_seq, uintptr_t key_begin, uintptr_t key_end,
+                             uintptr_t tree_begin, uintptr_t tree_mask, uintptr_t partial, uintptr_t splits_used,
+                             uintptr_t bad_tokens, int64_t batch_size, int64_t max_pages, int64_t page_size,
+                             int64_t num_pages, int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
+                             int64_t head_dim, int64_t max_splits, float scale, uintptr_t stream) {
+#ifdef SONARSPEC_WITH_CUDA
+  if (dtype < 0 || dtype > 2) throw std::invalid_argument("paged_attention_cuda: invalid dtype");
+  auto i = [](uintptr_t x) { return reinterpret_cast<const int64_t*>(x); };
+  auto v = [](uintptr_t x) { return reinterpret_cast<const void*>(x); };
+  AttentionArgs a{v(q), v(k_pool), v(v_pool), reinterpret_cast<void*>(out), i(block_table), i(token_seq),
+                  i(key_begin), i(key_end), i(tree_begin), i(tree_mask), reinterpret_cast<float*>(partial),
+                  reinterpret_cast<int64_t*>(splits_used), reinterpret_cast<int32_t*>(bad_tokens), batch_size,
+                  max_pages, page_size, num_pages, num_tokens, num_heads, num_kv_heads,
+                  num_kv_heads > 0 ? num_heads / num_kv_heads : 0, head_dim, max_splits, scale};
+  int err = paged_attention_cuda(a, static_cast<DType>(dtype), reinterpret_cast<void*>(stream));
+  if (err != 0) throw std::runtime_error(std::string("paged_attention CUDA launch failed: ") + cuda_error_string(err));
+#else
+  (void)q, (void)k_pool, (void)v_pool, (void)dtype, (void)out, (void)block_table, (void)token_seq, (void)key_begin,
+      (void)key_end, (void)tree_begin, (void)tree_mask, (void)partial, (void)splits_used, (void)bad_tokens,
+      (void)batch_size, (void)max_pages, (void)page_size, (void)num_pages, (void)num_tokens, (void)num_heads,
+      (void)num_kv_heads, (void)head_dim, (void)max_splits, (void)scale, (void)stream;
+  throw std::runtime_error("sonarspec was built without CUDA; paged_attention got CUDA tensors");
+#endif
+}
+
 void small_gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
                 int num_threads, int weight_format) {
   py::gil_scoped_release release;
@@ -221,6 +250,23 @@ PYBIND11_MODULE(_C, m) {
     rope_cpu(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(cos),
              reinterpret_cast<const float*>(sin), reinterpret_cast<float*>(out), rows, heads, d);
   }, "Rotate-half RoPE, float32 CPU (raw pointers).");
+  m.def("paged_attention_cuda", &paged_attention_cuda_op, "Paged attention on CUDA (raw device pointers).");
+  m.def("paged_attention_cuda_max_splits", [](int64_t max_pages, int64_t page_size) {
+#ifdef SONARSPEC_WITH_CUDA
+    return paged_attention_cuda_max_splits(max_pages, page_size);
+#else
+    (void)max_pages, (void)page_size;
+    return int64_t{0};
+#endif
+  }, "Key splits the CUDA attention kernel's work buffer needs for a block table (0 without CUDA).");
+  m.def("paged_attention_cuda_supports", [](int64_t head_dim) {
+#ifdef SONARSPEC_WITH_CUDA
+    return paged_attention_cuda_supports(head_dim);
+#else
+    (void)head_dim;
+    return false;
+#endif
+  }, "Whether the CUDA attention kernel takes this head size (False without CUDA).");
   m.def("paged_attention", &paged_attention, "Small-query paged attention on the CPU: float32 queries, float32/float16/bfloat16 pools (raw pointers).");
   m.def("processed_probs", [](uintptr_t logits, uintptr_t probs, int64_t rows, int64_t vocab, float temperature,
                               int64_t top_k, float top_p, int num_threads) {

@@ -61,3 +61,16 @@ def test_shapes_past_the_limit_and_failed_captures_run_eagerly(monkeypatch):
 def test_the_option_needs_cuda():
     with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device"):
         LLM("default", cuda_graphs=True)
+
+
+def test_static_buffer_forward_with_key_lists(monkeypatch):
+    """The attention kernel's per-token key lists in the graphs' static buffers (the CUDA
+    path; run here through the CPU kernel): block tables padded to the key bucket."""
+    from sonarspec_ext.runtime.runner import ModelRunner
+    ref = LLM("default", spec=SPECS["mtp"])
+    want = [o.token_ids for o in ref.generate(PROMPTS[:3], PARAMS)]
+    monkeypatch.setattr(ModelRunner, "native_attention", property(lambda self: True))
+    llm = _graphed(SPECS["mtp"])
+    assert [o.token_ids for o in llm.generate(PROMPTS[:3], PARAMS)] == want
+    shapes = set(llm.engine.runner.graphs.graphs)
+    assert shapes and all(s[-1] == 3 for s in shapes) and {s[2] for s in shapes} >= {64, 128}

@@ -15,6 +15,13 @@ GPU = torch.cuda.is_available() and _C.cuda_available() and built_with_cutlass()
 needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA device and the CUTLASS GEMM in the build")
 
 
+@pytest.fixture(autouse=True)
+def _cutlass_forced(monkeypatch):
+    """These tests are about the CUTLASS kernel: kernel_linear takes it for every shape
+    it accepts instead of the measured choice (ops.cuda_gemm_choice)."""
+    monkeypatch.setenv("SONARSPEC_CUDA_GEMM", "cutlass")
+
+
 def test_build_reports_the_kernel_only_with_cuda():
     assert isinstance(built_with_cutlass(), bool)
     assert not built_with_cutlass() or built_with_cuda()

@@ -9,15 +9,8 @@ from sonarspec_ext.ops.limits import NATIVE_ATTENTION_MAX_TOKENS
 from sonarspec_ext.ops.linear import native_gemm_threads
 from sonarspec_ext.runtime.metadata import TreeBlock, build_metadata, tree_bits
 from sonarspec_ext.testing.reference import paged_attention_reference, tree_attention_cascade_reference
-
-
-def _pages(B, max_kv, page_size, g, spare=3):
-    """Random block tables over a shared pool, and the per-position slots they imply."""
-    max_pages = -(-max_kv // page_size)
-    pool = torch.randperm(B * max_pages + spare, generator=g)
-    table = pool[:B * max_pages].view(B, max_pages)
-    pos = torch.arange(max_kv)
-    return table, table[:, pos // page_size] * page_size + pos % page_size, (B * max_pages + spare) * page_size
+from helpers.attention_cases import full_mask_attention as _full_mask_attention, pages as _pages
+from helpers.attention_cases import random_tree_ancestors as _random_tree_ancestors
 
 
 def _case(T, H, Hkv, D, B, max_kv, seed, page_size=4):
@@ -75,26 +68,6 @@ def test_metadata_chooses_the_native_kernel_only_for_small_unmasked_steps():
                              trees=[TreeBlock(10, np.array([1, 3]), np.array([10, 11]))])
     token_seq, key_begin, key_end, tree_begin, tree_mask = tree.native
     assert key_end.tolist() == [10, 10] and tree_begin.tolist() == [10, 10] and tree_mask.tolist() == [1, 3]
-
-
-def _full_mask_attention(q, k_pool, v_pool, kv_slots, token_seq, mask, scale):
-    """The oracle: one softmax per query over every visible key of a dense (T, max_kv) mask."""
-    T, H, D = q.shape
-    k = k_pool[kv_slots[token_seq]].double().repeat_interleave(H // k_pool.shape[1], dim=2)
-    v = v_pool[kv_slots[token_seq]].double().repeat_interleave(H // k_pool.shape[1], dim=2)
-    s = torch.einsum("thd,tnhd->thn", q.double(), k).mul(scale).masked_fill(~mask[:, None, :], float("-inf"))
-    return torch.einsum("thn,tnhd->thd", s.softmax(-1), v).reshape(T, H * D).float()
-
-
-def _random_tree_ancestors(nodes, g):
-    """anc[i, j]: node j is node i or one of its ancestors, in a random tree (parents first)."""
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, nodes)]
-    anc = np.zeros((nodes, nodes), dtype=bool)
-    for i in range(nodes):
-        j = i
-        while j >= 0:
-            anc[i, j], j = True, parents[j]
-    return anc
 
 
 @pytest.mark.parametrize("nodes,prefix", [(1, 1), (9, 40), (64, 200), (33, 0)])

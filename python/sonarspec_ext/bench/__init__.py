@@ -38,6 +38,25 @@ SYNTHETIC_200M = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816
                       max_position_embeddings=2048, tie_word_embeddings=False, eos_token_ids=[256])
 
 
+# shapes of real models, for random-weight runs (load_format="dummy")
+LLAMA31_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
+                  max_position_embeddings=8192, tie_word_embeddings=False, eos_token_ids=[256])
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, head_dim=64, rope_theta=100000.0,
+                    max_position_embeddings=8192, tie_word_embeddings=True, eos_token_ids=[256])
+
+
+def synthetic_config_dir(path: str, shape: dict) -> str:
+    """A model directory with ``shape``'s ``config.json`` and a byte tokenizer but no
+    weights: for ``LLM(path, load_format="dummy")``."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(ModelConfig(**shape).to_hf_dict(), fh)
+    write_byte_tokenizer(path)
+    return path
+
+
 def make_synthetic_model(path: str, seed: int = 0, shape: Optional[dict] = None, dtype: str = "float32") -> str:
     """A random Llama in HF format, ``shape`` (default: ``SYNTHETIC_30M``) config fields,
     weights scaled so greedy paths are stable, stored in ``dtype``."""

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ..models.loader import QUANTIZATION_CHOICES, has_compact_weights, parse_dtype
+from ..models.loader import LOAD_FORMATS, QUANTIZATION_CHOICES, has_compact_weights, parse_dtype
 
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -45,6 +45,9 @@ class EngineConfig:
     # file's Q8_0 / Q4_0 / Q4_1 blocks (CPU, float32 activations), "none" dequantizes at load,
     # "q8_0" / "q4_0" / "q4_1" quantize any checkpoint at load
     quantization: str = "auto"
+    # "dummy": the model directory's config.json with random weights made on the device, no
+    # weight file read (benchmarks of models whose checkpoints are not at hand)
+    load_format: str = "auto"
     # debugging: inside the single-token MTP schedule's device region, any host read of a
     # tensor raises (engine/single_token_step.py: forbid_host_syncs on the CPU, torch.cuda's sync
     # debug mode on CUDA) - the region must never wait for the device
@@ -63,6 +66,8 @@ class EngineConfig:
         if self.quantization not in QUANTIZATION_CHOICES:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
                              f"got {self.quantization!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         if self.spec_max_batch is not None and (not isinstance(self.spec_max_batch, int) or self.spec_max_batch < 0):
             raise ValueError(f"spec_max_batch must be None or an integer >= 0, got {self.spec_max_batch!r}")
 

@@ -50,7 +50,7 @@ class Engine:
             raise ValueError("device 'cuda' requested but torch sees no CUDA device")
         self.dtype = parse_dtype(dtype)
         self.model = load_model(model_dir, self.dtype, self.device, compact_weights=self.config.compact_weights,
-                                quantization=self.config.quantization)
+                                quantization=self.config.quantization, load_format=self.config.load_format)
         self.model_config: ModelConfig = self.model.config
         self.tokenizer = load_tokenizer(model_dir)
         eos = list(self.model_config.eos_token_ids)

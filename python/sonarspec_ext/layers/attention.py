@@ -79,9 +79,10 @@ class PagedAttentionMetadata:
 
 
 class TorchPagedAttention(AttentionBackend):
-    """Paged attention (CPU and CUDA): writes new K/V into the page pool, then for float32
-    CPU steps runs the native kernel on the pool directly; otherwise gathers each
-    sequence's cached K/V and runs one masked SDPA for the whole batch."""
+    """Paged attention (CPU and CUDA): writes new K/V into the page pool, then, where the
+    metadata holds per-token key lists (float32 CPU steps, CUDA steps the kernel takes),
+    runs ``ops.paged_attention`` on the pool directly; otherwise gathers each sequence's
+    cached K/V and runs one masked SDPA for the whole batch."""
 
     def __init__(self, kv_cache, meta: PagedAttentionMetadata):
         self.kv_cache, self.meta = kv_cache, meta
@@ -91,10 +92,11 @@ class TorchPagedAttention(AttentionBackend):
         k_pool, v_pool = self.kv_cache.layer(layer_idx)
         kv_store(k_pool, v_pool, k.to(k_pool.dtype).contiguous(), v.to(v_pool.dtype).contiguous(),
                  m.slot_mapping)
-        if m.native is not None:   # metadata built for float32 CPU models: no mask to fall back on
+        if m.native is not None:   # key lists: no mask to fall back on
             token_seq, key_begin, key_end, *tree = m.native
+            tree_begin, tree_mask = tree or (None, None)
             return paged_attention(q.contiguous(), k_pool, v_pool, m.block_table, m.page_size, token_seq, key_begin,
-                                   key_end, q.shape[-1] ** -0.5, *tree)
+                                   key_end, q.shape[-1] ** -0.5, tree_begin, tree_mask, check=not q.is_cuda)
         B, Lq = m.query_index.shape
         qb = q.view(B, Lq, *q.shape[1:]) if m.uniform_queries else q[m.query_index]
         qb = qb.transpose(1, 2)                                      # (B, H, Lq, D)

@@ -152,8 +152,12 @@ def resolve_quantization(quantization: str, path: str, device="cpu", dtype=torch
     return quantization
 
 
+LOAD_FORMATS = ("auto", "dummy")
+
+
 def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool = True,
-               quantization: str = "none", embedding: Optional[torch.Tensor] = None) -> LlamaForCausalLM:
+               quantization: str = "none", embedding: Optional[torch.Tensor] = None,
+               load_format: str = "auto") -> LlamaForCausalLM:
     """Build a model from an HF-format directory or a GGUF file (quantized tensors are
     dequantized at load); parameters land directly in ``dtype``.
 
@@ -171,8 +175,18 @@ def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool =
     int8 per block of 32. Quantized models are inference-only.
 
     ``embedding``: the token embedding (and tied lm_head) of a checkpoint that leaves them
-    out - a draft model sharing its target's (``models.draft_llm``); used by reference."""
+    out - a draft model sharing its target's (``models.draft_llm``); used by reference.
+
+    ``load_format="dummy"`` (benchmarks, as vLLM's): the directory's ``config.json`` with
+    random weights made on ``device`` (matrices ~ N(0, 0.02), norm weights 1, biases 0;
+    seeded), no weight file read - a model of any size without its checkpoint."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
     torch_dtype = parse_dtype(dtype)
+    if load_format == "dummy":
+        cfg = ModelConfig.from_dir(path)
+        model, expected = _empty_model(cfg)
+        return _assemble(model, cfg, _random_state(expected, torch_dtype, device), device)
     compact = compact_weights and torch_dtype == torch.float32 and torch.device(device).type == "cpu"
     quant = resolve_quantization(quantization, path, device, dtype)
     f = gguf_file(path)
@@ -201,6 +215,24 @@ def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool =
             _quantize_matrices(state, cfg, quant)
         if embedding is not None:
             state["model.embed_tokens.weight"] = embedding
+    return _assemble(model, cfg, state, device)
+
+
+def _random_state(expected: Dict[str, torch.Size], dtype: torch.dtype, device) -> Dict[str, torch.Tensor]:
+    gen = torch.Generator(device=device).manual_seed(0)
+    state = {}
+    for name, shape in expected.items():
+        t = torch.empty(shape, dtype=dtype, device=device)
+        if len(shape) == 2:
+            t.normal_(0.0, 0.02, generator=gen)
+        else:
+            t.fill_(0.0 if name.endswith(".bias") else 1.0)
+        state[name] = t
+    return state
+
+
+def _assemble(model: LlamaForCausalLM, cfg: ModelConfig, state: Dict[str, torch.Tensor], device) -> LlamaForCausalLM:
+    """``model`` (on the meta device) with ``state``'s tensors, on ``device``, projections fused."""
     quantized = {n: state.pop(n) for n in list(state) if isinstance(state[n], QuantizedMatrix)}
     if cfg.tie_word_embeddings and "lm_head.weight" not in quantized:
         state.pop("lm_head.weight", None)

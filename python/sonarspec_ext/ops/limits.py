@@ -27,3 +27,7 @@ NATIVE_ATTENTION_MAX_TOKENS = 64
 
 # CUDA graphs: batch x queries per sequence of a graphed step.
 CUDA_GRAPH_MAX_TOKENS = 64
+
+# CUDA steps of at most this many query tokens take the paged attention kernel's key lists
+# (decoding, verification, draft trees); larger ones (prefill) take SDPA's tensor-core kernels
+CUDA_ATTENTION_MAX_TOKENS = 512

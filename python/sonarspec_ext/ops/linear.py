@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _C
+from . import cuda_gemm_choice
 from .checks import DTYPE_CODES, built_with_cutlass, stream_handle
 from .elementwise import silu_and_mul
 from .limits import COMPACT_MAX_ROWS, NATIVE_MAX_ROWS, SMALL_M_MAX_ROWS
@@ -133,7 +134,8 @@ _DTYPE_CODES = {d: DTYPE_CODES[d] for d in (torch.float16, torch.bfloat16)}   # 
 
 def _cutlass_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """The CUTLASS 64-row-tile GEMM for 16-bit CUDA tensors without autograd, or None
-    where it does not apply (other dtypes, shapes it does not take)."""
+    where it does not apply (other dtypes, shapes it does not take) or where torch's GEMM
+    measured faster for the shape (``ops.cuda_gemm_choice``)."""
     if (x.dtype not in _DTYPE_CODES or weight.dtype != x.dtype or weight.dim() != 2 or weight.shape[1] != x.shape[-1]
             or weight.device != x.device or not weight.is_contiguous()
             or (bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous() or bias.device != x.device))
@@ -145,10 +147,17 @@ def _cutlass_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     if rows == 0:
         return None
     xc = x.reshape(rows, k).contiguous()
-    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    status = _C.padded_gemm_cuda(xc.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                                 out.data_ptr(), rows, n, k, _DTYPE_CODES[x.dtype], stream_handle(x.device))
-    return None if status != 0 else out.view(*x.shape[:-1], n)
+
+    def cutlass():
+        out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+        status = _C.padded_gemm_cuda(xc.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                                     out.data_ptr(), rows, n, k, _DTYPE_CODES[x.dtype], stream_handle(x.device))
+        return None if status != 0 else out
+    key = (rows, n, k, x.dtype, bias is not None, x.device.index)
+    if cuda_gemm_choice.choose(key, cutlass, lambda: F.linear(xc, weight, bias)) != "cutlass":
+        return None
+    out = cutlass()
+    return None if out is None else out.view(*x.shape[:-1], n)
 
 
 def kernel_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:

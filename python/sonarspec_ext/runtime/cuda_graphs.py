@@ -5,9 +5,10 @@ kernels (hundreds per step) rather than by the device. A step whose sequences al
 the same number of query tokens (a decoding step, a chain verification, a draft round)
 has a fixed shape apart from its context length, so it can run as a CUDA graph captured
 once per (batch size, queries per sequence, key bucket): the step's inputs are copied
-into the graph's static buffers and the graph replays every kernel in one launch. Keys
-are padded to the bucket (a power of two) and the padding is masked, so one graph
-serves a range of context lengths.
+into the graph's static buffers and the graph replays every kernel in one launch. The
+block table (for the attention kernel's key lists) or the gathered keys (for masked SDPA)
+are padded to the bucket (a power of two), so one graph serves a range of context
+lengths: key lists never reach the padding, and SDPA's padding is masked.
 
 ``StepGraphs(runner, capture=False)`` runs the same static-buffer forward eagerly: the
 CPU tests check the buffers, padding and masks that way.
@@ -36,35 +37,47 @@ def key_bucket(num_keys: int) -> int:
 class _Graph:
     """Static inputs and outputs of one graphed shape, and its graph once captured."""
 
-    def __init__(self, runner, batch: int, queries: int, keys: int, feature_dim: Optional[int], num_logits: int):
+    def __init__(self, runner, batch: int, queries: int, keys: int, feature_dim: Optional[int], num_logits: int,
+                 key_lists: int = 0):
         dev, n = runner.device, batch * queries
         self.runner = runner
         self.ids = torch.zeros(n, dtype=torch.long, device=dev)
         self.logits_rows = torch.zeros(num_logits, dtype=torch.long, device=dev)
         self.positions = torch.zeros(n, dtype=torch.long, device=dev)
         self.features = None if feature_dim is None else torch.zeros(n, feature_dim, dtype=runner.dtype, device=dev)
-        rows = torch.arange(n, device=dev)
+        rows, page = torch.arange(n, device=dev), runner.kv_cache.page_size
+        if key_lists:   # the attention kernel's per-token key lists over a table of `keys` positions
+            native = tuple(torch.zeros(n, dtype=torch.long, device=dev) for _ in range(key_lists))
+            table, kv_slots, mask = torch.zeros(batch, -(-keys // page), dtype=torch.long, device=dev), None, None
+        else:           # SDPA over `keys` gathered slots, the padding masked
+            native, table = None, torch.zeros(batch, 1, dtype=torch.long, device=dev)
+            kv_slots = torch.zeros(batch, keys, dtype=torch.long, device=dev)
+            mask = torch.zeros(batch, 1, queries, keys, dtype=torch.bool, device=dev)
         self.meta = PagedAttentionMetadata(
             slot_mapping=torch.full((n,), -1, dtype=torch.long, device=dev), query_index=rows.view(batch, queries),
-            block_table=torch.zeros(batch, 1, dtype=torch.long, device=dev), page_size=runner.kv_cache.page_size,
-            kv_slots=torch.zeros(batch, keys, dtype=torch.long, device=dev),
-            mask=torch.zeros(batch, 1, queries, keys, dtype=torch.bool, device=dev), output_index=rows,
-            uniform_queries=True)
+            block_table=table, page_size=page, kv_slots=kv_slots, mask=mask, output_index=rows, uniform_queries=True,
+            native=native)
         self.graph = None
         self.out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None   # (hidden, logits) of the last run
 
     def fill(self, input_ids, positions, meta: PagedAttentionMetadata, logits_rows, features) -> None:
-        m, n = self.meta, meta.kv_slots.shape[1]
+        m = self.meta
         self.ids.copy_(input_ids)
         self.logits_rows.copy_(logits_rows)
         self.positions.copy_(positions)
         m.slot_mapping.copy_(meta.slot_mapping)
-        m.kv_slots[:, :n].copy_(meta.kv_slots)       # slots past n keep old (valid) values: masked below
-        if meta.mask is None:
-            m.mask[..., :n].fill_(True)
+        if m.native is not None:   # table columns past the step's are never read: key lists end before them
+            m.block_table[:, :meta.block_table.shape[1]].copy_(meta.block_table)
+            for static, t in zip(m.native, meta.native):
+                static.copy_(t)
         else:
-            m.mask[..., :n].copy_(meta.mask)
-        m.mask[..., n:].fill_(False)
+            n = meta.kv_slots.shape[1]
+            m.kv_slots[:, :n].copy_(meta.kv_slots)       # slots past n keep old (valid) values: masked below
+            if meta.mask is None:
+                m.mask[..., :n].fill_(True)
+            else:
+                m.mask[..., :n].copy_(meta.mask)
+            m.mask[..., n:].fill_(False)
         if features is not None:
             self.features.copy_(features)
 
@@ -107,14 +120,16 @@ class StepGraphs:
             ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """(hidden states of every packed token, logits at ``logits_rows``), or None. The
         logits come from the same GEMM over the same rows as the eager path's."""
-        if (self.error is not None or not meta.uniform_queries or meta.native is not None or meta.kv_slots is None
+        key_lists = 0 if meta.native is None else len(meta.native)
+        if (self.error is not None or not meta.uniform_queries or (meta.kv_slots is None and not key_lists)
                 or not isinstance(logits_rows, torch.Tensor)):
             return None
         batch, queries = meta.query_index.shape
         if batch * queries > CUDA_GRAPH_MAX_TOKENS or batch * queries != input_ids.numel():
             return None
-        keys = key_bucket(meta.kv_slots.shape[1])
-        shape = (batch, queries, keys, None if features is None else features.shape[-1], logits_rows.numel())
+        keys = key_bucket(meta.block_table.shape[1] * meta.page_size if key_lists else meta.kv_slots.shape[1])
+        shape = (batch, queries, keys, None if features is None else features.shape[-1], logits_rows.numel(),
+                 key_lists)
         g = self.graphs.get(shape)
         if g is None:   # a shape gets a graph at its second use: one-off shapes (a prompt's prefill) stay eager
             self.seen[shape] = self.seen.get(shape, 0) + 1

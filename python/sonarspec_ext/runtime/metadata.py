@@ -9,6 +9,7 @@ import torch
 
 from .. import _C
 from ..layers.attention import PagedAttentionMetadata
+from ..ops.limits import CUDA_ATTENTION_MAX_TOKENS
 from .transfer import to_device
 
 TREE_MAX_NODES = 64   # a tree block is addressed by one 64-bit ancestor mask per query
@@ -41,8 +42,9 @@ def build_metadata(seqs: Sequence[Tuple[int, int, Sequence[int]]], page_size: in
     Returns (metadata, positions) where positions is (num_tokens,) int64; queries sit at
     positions start .. start + num_query - 1 and attend causally, except for sequences
     whose ``trees`` entry is a ``TreeBlock`` (draft-tree queries, written to the same
-    slots). ``native_attention`` (float32 models on the CPU): small steps get per-query
-    key ranges (and tree bit masks) for ``ops.paged_attention`` instead of a mask tensor.
+    slots). ``native_attention`` (float32 models on the CPU, CUDA models the CUDA kernel
+    takes): per-query key ranges (and tree bit masks) for ``ops.paged_attention`` instead
+    of a mask tensor.
     Built natively (``_C.build_metadata``); ``reference_planner.build_metadata_reference``
     is the pure-Python twin the tests compare it with.
     """
@@ -56,7 +58,7 @@ def planner_metadata(planner, seq_ids: Sequence[int], starts: Sequence[int], num
                      native_attention: bool = False):
     """``build_metadata`` for sequences of ``planner`` (``_C.Planner``), whose page tables
     it reads without copying them through Python."""
-    native = _use_native(sum(num_query), device, native_attention)
+    native = _use_native(int(sum(num_query)), device, native_attention)
     arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
     m = planner.build_metadata(arr(seq_ids), arr(starts), arr(num_query), _tree_args(trees), sliding_window or 0,
                                not native)
@@ -64,9 +66,11 @@ def planner_metadata(planner, seq_ids: Sequence[int], starts: Sequence[int], num
 
 
 def _use_native(num_tokens: int, device, native_attention: bool) -> bool:
-    """Float32 CPU steps of any size take the native kernel's key ranges (per query token:
-    a token's attention does not depend on the rest of the step)."""
-    return native_attention and torch.device(device).type == "cpu"
+    """Where asked, CPU steps of any size take the native kernel's key lists (per query
+    token: a token's attention does not depend on the rest of the step), and CUDA steps of
+    up to ``CUDA_ATTENTION_MAX_TOKENS`` tokens the CUDA kernel's (prefill: SDPA)."""
+    kind = torch.device(device).type
+    return native_attention and (kind == "cpu" or (kind == "cuda" and num_tokens <= CUDA_ATTENTION_MAX_TOKENS))
 
 
 def _tree_args(trees):

@@ -10,6 +10,7 @@ from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
 from ..models.llama import vocab_logits
 from ..models.loader import has_compact_weights
 from ..ops.limits import NATIVE_ATTENTION_MAX_TOKENS
+from ..ops.paged_attention import cuda_attention_supports
 from ..ops.stack_drafting import block_table, fits, refill_chain, rows_forward
 from .kv_cache import KVCache
 from .execution import ExecutionPolicy
@@ -29,6 +30,9 @@ class ModelRunner:
         self._stack = None   # the model's layers as one native call, built at the first small step
         self._stack_built = False
         self.graphs = None   # runtime.cuda_graphs.StepGraphs once use_cuda_graphs() is called
+        # CUDA: attention through ops.paged_attention's kernel (per-token key lists) where it
+        # takes the head size; False: torch SDPA over gathered K/V with a mask
+        self.cuda_attention = self.device.type == "cuda" and cuda_attention_supports(kv_cache.k.shape[-1])
         self.policy = ExecutionPolicy()   # picks each forward's path and counts them
         self.threads = ThreadPolicy()     # the threads its native kernels and torch's ops get
         self.capture: Tuple[int, ...] = ()   # target layers a drafter reads besides the final states
@@ -55,18 +59,26 @@ class ModelRunner:
             self._stack, self._stack_built = build_native_stack(self.model, self.kv_cache), True
         return self._stack
 
+    @property
+    def native_attention(self) -> bool:
+        """Whether this runner's steps take the attention kernels' per-token key lists
+        (float32 models on the CPU outside CUDA graphs; CUDA models with ``cuda_attention``)."""
+        if self.device.type == "cuda":
+            return self.cuda_attention
+        return self.dtype == torch.float32 and self.graphs is None
+
     def metadata(self, rows: Sequence[Tuple[int, int, Sequence[int]]], sliding_window: Optional[int] = None,
                  trees: Optional[List[Optional[TreeBlock]]] = None):
-        """``build_metadata`` for this model's cache; float32 models get the native attention
-        kernel's key ranges for small steps."""
+        """``build_metadata`` for this model's cache, with the kernels' key lists where
+        ``native_attention``."""
         return build_metadata(rows, self.kv_cache.page_size, self.device, sliding_window, trees=trees,
-                              native_attention=self.dtype == torch.float32 and self.graphs is None)
+                              native_attention=self.native_attention)
 
     def planner_metadata(self, planner, seq_ids, starts, num_query, sliding_window: Optional[int] = None,
                          trees: Optional[List[Optional[TreeBlock]]] = None):
         """``metadata`` for rows of the planner's sequences, page tables read natively."""
         return planner_metadata(planner, seq_ids, starts, num_query, self.device, sliding_window, trees,
-                                native_attention=self.dtype == torch.float32 and self.graphs is None)
+                                native_attention=self.native_attention)
 
     def forward_rows(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int] = None,
                      features: Optional[torch.Tensor] = None, trees: Optional[List[Optional[TreeBlock]]] = None,

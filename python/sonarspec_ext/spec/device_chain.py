@@ -39,17 +39,20 @@ def device_chains(runner, logits: Sequence[torch.Tensor], k: int, positions: Seq
     drafting one forward at a time."""
     B, rounds = len(logits), k - 1
     meta, pos = build_metadata([(p, rounds, t) for p, t in zip(positions, tables)], runner.kv_cache.page_size,
-                               runner.device, window)
-    if meta.native is not None or not meta.uniform_queries:   # the chain block is uniform by construction
-        raise AssertionError("device_chains needs SDPA metadata for a uniform chain block")
+                               runner.device, window, native_attention=runner.native_attention)
+    if not meta.uniform_queries:   # the chain block is uniform by construction
+        raise AssertionError("device_chains needs a uniform chain block")
     rows = torch.arange(B, device=runner.device)
-    slots, pos = meta.slot_mapping.view(B, rounds).t().contiguous(), pos.view(B, rounds).t().contiguous()  # round-major
+    round_major = lambda t: t.view(B, rounds).t().contiguous()  # noqa: E731
+    slots, pos = round_major(meta.slot_mapping), round_major(pos)
+    key_lists = None if meta.native is None else [round_major(t) for t in meta.native]   # (seq, begin, end) rows
     tokens = [torch.stack(list(logits))[:, :width].argmax(-1)]
     for j in range(rounds):
         step = PagedAttentionMetadata(slot_mapping=slots[j], query_index=rows[:, None], block_table=meta.block_table,
                                       page_size=meta.page_size, kv_slots=meta.kv_slots,
                                       mask=None if meta.mask is None else meta.mask[:, :, j:j + 1],
-                                      output_index=rows, uniform_queries=True)
+                                      output_index=rows, uniform_queries=True,
+                                      native=None if key_lists is None else tuple(t[j] for t in key_lists))
         if features is None:
             out = runner.forward(tokens[-1], pos[j], step, rows)
         else:
