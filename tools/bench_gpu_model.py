@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -158,7 +159,7 @@ def forward_costs(llm, device, context: int = 512) -> list:
     rows = []
     for attention in (["kernel", "sdpa"] if kernel_ok else ["sdpa"]):
         runner.cuda_attention = attention == "kernel"
-        for graphed in ([False, True] if graphs is not None else [False]):
+        for graphed in ([False, True] if graphs is not None and attention == "kernel" else [graphs is not None]):
             runner.graphs = StepGraphs(runner) if graphed else None
             base = None
             for kind, T, tree in cases:
@@ -215,6 +216,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--parts", nargs="+", default=["decode", "forward", "replay"])
     ap.add_argument("--replay-tokens", type=int, default=96)
+    ap.add_argument("--replay-gemm", nargs="+", default=["auto", "cutlass"], choices=["auto", "cutlass", "torch"],
+                    help="GEMM modes of the replay runs (SONARSPEC_CUDA_GEMM): cutlass is batch invariant, so "
+                         "verification rows equal decoding rows bit for bit and greedy outputs stay exact")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     cuda = torch.device(args.device).type == "cuda"
@@ -260,12 +264,16 @@ def main() -> None:
         save()
     if "replay" in args.parts:
         chains = [(k, a, 1) for k in (1, 2, 3, 4, 6) for a in (0.6, 0.8, 0.9)] + [(4, 1.0, 1)]
-        trees = [(5, a, 3) for a in (0.8, 0.9)] + [(6, 0.9, 5), (9, 0.9, 7)]
+        trees = [(5, 0.9, 3), (6, 0.9, 5), (9, 0.9, 7)]
         out["replay"] = []
-        for b in (1, 8):
-            out["replay"] += replay_speedups(llm, vocab, args.device, b, args.replay_tokens,
-                                             chains + (trees if b == 1 else []), rounds=4 if b == 1 else 1)
-            save()
+        for gemm in args.replay_gemm:
+            os.environ["SONARSPEC_CUDA_GEMM"] = gemm
+            for b in (1, 8):
+                configs = chains + trees if b == 1 else [c for c in chains if c[1] >= 0.8]
+                rows = replay_speedups(llm, vocab, args.device, b, args.replay_tokens, configs, rounds=4 if b == 1 else 1)
+                out["replay"] += [{"gemm": gemm, **r} for r in rows]
+                save()
+        os.environ.pop("SONARSPEC_CUDA_GEMM")
     out["cuda_graphs"] = llm.stats().get("cuda_graphs")
     save()
     tmp.cleanup()

@@ -7,7 +7,7 @@
 # CUDA graphs, forward cost over 1 + K tokens and trees, speculation at controlled
 # acceptance - tools/bench_gpu_model.py); the GPU tests of the whole engine; the same
 # benchmark in SmolLM2-135M's shape; the speculation benchmark on the packaged models with
-# and without CUDA graphs; the other kernel tests and kernel timings. Results go to $OUT
+# and without CUDA graphs (the default on CUDA); the other kernel tests and kernel timings. Results go to $OUT
 # (a temp dir if unset). The CUTLASS headers come from third_party/cutlass (bash
 # tools/fetch_cutlass.sh beforehand) or SONARSPEC_CUTLASS_DIR (where the GPU machine has
 # no network: carry the headers the GEMM includes, `nvcc -M` lists them).
@@ -43,14 +43,14 @@ if ! "$PY" -c "from sonarspec_ext import _C; i = _C.build_info(); print(i); asse
 fi
 "$PY" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__)" | tee -a "$LOG"
 stage tests_attention 90 "$PY" -m pytest -q -p no:cacheprovider tests/cuda/test_paged_attention_cuda.py \
-  tests/cuda/test_padded_gemm_cuda.py
+  tests/cuda/test_elementwise_cuda.py tests/cuda/test_padded_gemm_cuda.py
 stage bench_8b 200 "$PY" tools/bench_gpu_model.py --shape llama3-8b --json "$OUT/gpu_model_llama3_8b.json"
 stage tests_engine 150 "$PY" -m pytest -q -p no:cacheprovider tests/cuda/test_cuda_engine.py
 stage bench_smollm2 100 "$PY" tools/bench_gpu_model.py --shape smollm2 --json "$OUT/gpu_model_smollm2.json"
 SPEC_ARGS=${SPEC_ARGS:---ks 4 --mtp-ks 3 --repeats 1 --max-tokens 64 --batch-sizes 1 --no-transformers}
 # shellcheck disable=SC2086
 stage spec_cuda 90 "$PY" -m sonarspec_ext.cli bench --spec all --device cuda --dtype bfloat16 $SPEC_ARGS \
-  --json "$OUT/spec_cuda.json"
+  --no-cuda-graphs --json "$OUT/spec_cuda.json"
 # shellcheck disable=SC2086
 stage spec_cuda_graphs 90 "$PY" -m sonarspec_ext.cli bench --spec all --device cuda --dtype bfloat16 $SPEC_ARGS \
   --cuda-graphs --json "$OUT/spec_cuda_graphs.json"

@@ -17,6 +17,7 @@
 #include "sonarspec/thread_pool.h"
 #ifdef SONARSPEC_WITH_CUDA
 #include "sonarspec/device.h"
+#include "sonarspec/elementwise_cuda.h"
 #include "sonarspec/paged_attention_cuda.h"
 #endif
 #ifdef SONARSPEC_WITH_CUTLASS
@@ -194,6 +195,25 @@ void paged_attention_cuda_op(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, in
 #endif
 }
 
+// RMSNorm, SiLU-and-multiply, RoPE on q/k/v rows on CUDA (ops/elementwise.py validated the
+// tensors); raises on a failed launch or in builds without CUDA.
+void elementwise_cuda_op(int op, uintptr_t x, uintptr_t w, uintptr_t cos, uintptr_t sin, uintptr_t out,
+                         uintptr_t out2, uintptr_t out3, int64_t rows, int64_t n, int64_t stride, int64_t heads,
+                         int64_t kv_heads, float eps, int dtype, uintptr_t stream) {
+#ifdef SONARSPEC_WITH_CUDA
+  if (dtype < 0 || dtype > 2) throw std::invalid_argument("elementwise_cuda: invalid dtype");
+  auto c = [](uintptr_t p) { return reinterpret_cast<const void*>(p); };
+  auto m = [](uintptr_t p) { return reinterpret_cast<void*>(p); };
+  ElementwiseArgs a{c(x), c(w), c(cos), c(sin), m(out), m(out2), m(out3), rows, n, stride, heads, kv_heads, eps};
+  int err = elementwise_cuda(op, a, static_cast<DType>(dtype), reinterpret_cast<void*>(stream));
+  if (err != 0) throw std::runtime_error(std::string("elementwise CUDA launch failed: ") + cuda_error_string(err));
+#else
+  (void)op, (void)x, (void)w, (void)cos, (void)sin, (void)out, (void)out2, (void)out3, (void)rows, (void)n,
+      (void)stride, (void)heads, (void)kv_heads, (void)eps, (void)dtype, (void)stream;
+  throw std::runtime_error("sonarspec was built without CUDA; an elementwise op got CUDA tensors");
+#endif
+}
+
 void small_gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
                 int num_threads, int weight_format) {
   py::gil_scoped_release release;
@@ -250,6 +270,7 @@ PYBIND11_MODULE(_C, m) {
     rope_cpu(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(cos),
              reinterpret_cast<const float*>(sin), reinterpret_cast<float*>(out), rows, heads, d);
   }, "Rotate-half RoPE, float32 CPU (raw pointers).");
+  m.def("elementwise_cuda", &elementwise_cuda_op, "RMSNorm (0), SiLU-and-multiply (1), RoPE on q/k/v rows (2) on CUDA.");
   m.def("paged_attention_cuda", &paged_attention_cuda_op, "Paged attention on CUDA (raw device pointers).");
   m.def("paged_attention_cuda_max_splits", [](int64_t max_pages, int64_t page_size) {
 #ifdef SONARSPEC_WITH_CUDA

@@ -153,7 +153,7 @@ class LLM:
                if self.engine.spec_control is not None else {}),
             **({"cuda_graphs": [{"captured": len(r.graphs.graphs), "error": r.graphs.error}
                                 for r in self.engine.runners() if r.graphs is not None]}
-               if self.engine.config.cuda_graphs else {}),
+               if any(r.graphs is not None for r in self.engine.runners()) else {}),
         }
 
 

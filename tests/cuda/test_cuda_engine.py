@@ -26,14 +26,14 @@ TEXT = ["def parse_args(argv):\n", "class Stack:\n    def __init__(self):\n", "i
 @pytest.fixture(scope="module")
 def plain_cuda():
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    llm = LLM("default", device="cuda", dtype="float32")
+    llm = LLM("default", device="cuda", dtype="float32", cuda_graphs=False)   # eager: the others run graphed
     return params, {bs: [o.token_ids for o in llm.generate(TEXT[:bs], params)] for bs in (1, 5)}
 
 
 @pytest.mark.parametrize("name", list(SCHEMES))
 def test_greedy_equals_plain_on_cuda(name, plain_cuda):
     params, ref = plain_cuda
-    llm = LLM("default", device="cuda", dtype="float32", spec=SpecConfig(**SCHEMES[name]))
+    llm = LLM("default", device="cuda", dtype="float32", spec=SpecConfig(**SCHEMES[name]), cuda_graphs=False)
     for bs in (1, 5):
         assert [o.token_ids for o in llm.generate(TEXT[:bs], params)] == ref[bs], (name, bs)
     s = llm.stats()
@@ -98,3 +98,9 @@ def test_cuda_graph_logits_match_the_eager_forward():
         graphed = runner.forward(ids, pos, meta, rows)
         torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-4)
     assert runner.graphs.error is None and len(runner.graphs.graphs) == 1
+
+
+def test_cuda_graphs_are_the_default_on_cuda():
+    llm = LLM("default", device="cuda", dtype="float32", spec=SpecConfig(**SCHEMES["mtp K=3"]))
+    assert all(r.graphs is not None for r in llm.engine.runners())
+    assert all(r.graphs is None for r in LLM("default", cuda_graphs=False, device="cuda").engine.runners())

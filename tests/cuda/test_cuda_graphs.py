@@ -61,6 +61,7 @@ def test_shapes_past_the_limit_and_failed_captures_run_eagerly(monkeypatch):
 def test_the_option_needs_cuda():
     with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device"):
         LLM("default", cuda_graphs=True)
+    assert LLM("default").engine.runner.graphs is None   # the default: graphs on CUDA devices only
 
 
 def test_static_buffer_forward_with_key_lists(monkeypatch):

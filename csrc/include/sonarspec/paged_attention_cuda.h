@@ -26,7 +26,7 @@ struct AttentionArgs {
   const int64_t* tree_mask;      //   for each bit j of tree_mask (null: no tree keys)
   float* partial;                // (num_tokens, num_heads, max_splits, head_dim + 2) work
   int64_t* splits_used;          // (num_tokens,) work: splits of each token (0: a bad token)
-  int32_t* bad_tokens;           // one counter, incremented per bad token (output zero)
+  int32_t* bad_tokens;           // one counter, incremented per bad token (output zero), or null
   int64_t batch_size, max_pages, page_size, num_pages;
   int64_t num_tokens, num_heads, num_kv_heads, group, head_dim, max_splits;
   float scale;

@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a)
   const bool ok = keys.ok && !__syncthreads_or(!page_ok);
   if (split == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
     a.splits_used[t] = ok ? splits : 0;
-    if (!ok) atomicAdd(a.bad_tokens, 1);
+    if (!ok && a.bad_tokens != nullptr) atomicAdd(a.bad_tokens, 1);
   }
   T* out = static_cast<T*>(a.out) + (t * a.num_heads + h0) * D;
   if (!ok) {

@@ -48,7 +48,8 @@ def add_bench_parser(sub, positive_int) -> None:
                    help="the target's weights (none: float; auto: a GGUF file's own blocks; --spec quantized "
                         "always uses each file's own)")
     b.add_argument("--device", default="cpu", help="--spec all/mtp/eagle_tree: cpu or cuda")
-    b.add_argument("--cuda-graphs", action="store_true", help="with --device cuda: small steps as CUDA graphs")
+    b.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --device cuda: small steps as CUDA graphs (the default there) or eager launches")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="--spec all/mtp/eagle_tree: activation dtype")
     b.add_argument("--temperature", type=float, default=0.0,
@@ -120,7 +121,7 @@ def run_bench(args) -> int:
         if args.plot and not plot_spec(info, args.plot):
             print("bench: matplotlib is not installed; no chart written", file=sys.stderr)
         return 0
-    if args.device != "cpu" or args.dtype != "float32" or args.temperature or args.top_p != 1.0 or args.cuda_graphs:
+    if args.device != "cpu" or args.dtype != "float32" or args.temperature or args.top_p != 1.0 or args.cuda_graphs is not None:
         raise ValueError("--device, --dtype, --temperature, --top-p and --cuda-graphs apply to --spec "
                          "all/mtp/eagle_tree; --spec none runs greedy float32 on the CPU")
     info = bench_decode(None if args.model == "synthetic-30m" else args.model, args.batch_sizes,

@@ -92,7 +92,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                threads: Optional[int] = None, mtp: Optional[str] = None, mtp_ks=(1, 2, 3, 4),
                with_ngram: bool = True, spec_max_batch: Optional[int] = None, trees=(), device: str = "cpu",
                dtype: str = "float32", temperature: float = 0.0, top_p: float = 1.0,
-               draft_sampling: bool = True, cuda_graphs: bool = False, quantization: str = "auto",
+               draft_sampling: bool = True, cuda_graphs: Optional[bool] = None, quantization: str = "auto",
                draft_quantization: str = "auto", adaptive: bool = False) -> dict:
     """Every scheme on the same prompts in one process. Each scheme's greedy output is
     first checked equal to plain decoding (on the CPU a difference is an error; on CUDA,
@@ -162,7 +162,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     return {"target": target_dir, "draft": draft_dir, "mtp": mtp_dir, "spec_max_batch": spec_max_batch,
             "adaptive_speculation": adaptive,
             "max_tokens": max_tokens, "device": str(device), "dtype": dtype, "temperature": temperature, "top_p": top_p,
-            "draft_sampling": draft_sampling, "cuda_graphs": cuda_graphs, "quantization": quantization,
+            "draft_sampling": draft_sampling,
+            "cuda_graphs": cuda_graphs if cuda_graphs is not None else torch.device(device).type == "cuda", "quantization": quantization,
             "num_prompts": len(prompts), "chat": prompts is not PROMPTS, "repeats": repeats,
             "threads": torch.get_num_threads(), "cpu": cpu_info(),
             "torch": torch.__version__, "results": rows}

@@ -31,9 +31,11 @@ class EngineConfig:
     # GPU (the host plans while the device computes), not on the CPU (the planner's thread would
     # compete with the kernels' threads for the cores)
     async_planning: Optional[bool] = None
-    # CUDA only: small steps whose sequences all have the same number of query tokens
-    # (decoding, chain verification, draft rounds) run as CUDA graphs (runtime/cuda_graphs.py)
-    cuda_graphs: bool = False
+    # small steps whose sequences all have the same number of query tokens (decoding, chain
+    # verification, draft rounds) run as CUDA graphs (runtime/cuda_graphs.py); None: on CUDA
+    # devices (an 8B-shaped model decoded 2.3-2.9x faster than eagerly on an H200,
+    # docs/benchmarks.md), False: eager per-op launches; True on the CPU is an error
+    cuda_graphs: Optional[bool] = None
     freeze_gc: bool = True   # gc.freeze() once built: full collections skip the loaded libraries
     # float32 on the CPU: weight matrices in bfloat16 (models.loader.load_model); False: float32 copies
     compact_weights: bool = True

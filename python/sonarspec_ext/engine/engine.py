@@ -83,7 +83,7 @@ class Engine:
         head = getattr(self.proposer, "head", None)
         if head is not None and head.feature_layers:   # the head reads intermediate target layers too
             self.runner.fuse_layers(head.feature_layers, head.target_features)
-        if c.cuda_graphs:
+        if c.cuda_graphs or (c.cuda_graphs is None and self.device.type == "cuda"):
             if self.device.type != "cuda":
                 raise ValueError(f"cuda_graphs needs a CUDA device, not {self.device.type!r}")
             for runner in self.runners():

@@ -2,7 +2,7 @@
 import torch
 from torch import nn
 
-from ..ops.elementwise import rms_norm
+from ..ops.elementwise import on_cuda, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -12,8 +12,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            return rms_norm(x, self.weight, self.eps)   # native for small steps, else F.rms_norm
+        if (x.dtype == torch.float32 and self.weight.dtype == torch.float32) or (on_cuda(x, self.weight)
+                                                                                 and x.is_contiguous()):
+            return rms_norm(x, self.weight, self.eps)   # native for small CPU steps, CUDA kernel, else F.rms_norm
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..layers.attention import AttentionBackend
 from ..layers.linear import Linear
-from ..ops.elementwise import apply_rope
+from ..ops.elementwise import apply_rope, rope_qkv
 from ..ops.linear import kernel_linear, kernel_mlp
 from ..ops.quantized import QuantizedMatrix, rows_of
 from ..layers.norm import RMSNorm
@@ -41,7 +41,11 @@ class LlamaAttention(nn.Module):
     def forward(self, x, cos, sin, attn: AttentionBackend):
         n = x.shape[0]
         if self.qkv is not None:
-            q, k, v = kernel_linear(x, *self.qkv).split(
+            qkv = kernel_linear(x, *self.qkv)
+            fused = rope_qkv(qkv, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)   # CUDA: one launch
+            if fused is not None:
+                return self.o_proj(attn.attend(self.layer_idx, *fused))
+            q, k, v = qkv.split(
                 [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
                  self.num_kv_heads * self.head_dim], dim=-1)
         else:

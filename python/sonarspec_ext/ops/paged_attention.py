@@ -89,12 +89,12 @@ def _paged_attention_cuda(q, k_pool, v_pool, block_table, page_size, token_seq, 
     splits = int(_C.paged_attention_cuda_max_splits(block_table.shape[1], page_size))
     partial = torch.empty(T * H * splits * (D + 2) if splits > 1 else 1, dtype=torch.float32, device=q.device)
     splits_used = torch.empty(T, dtype=torch.int64, device=q.device)
-    bad = torch.zeros(1, dtype=torch.int32, device=q.device)
+    bad = torch.zeros(1, dtype=torch.int32, device=q.device) if check else None   # no memset launch otherwise
     _C.paged_attention_cuda(qc.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), DTYPE_CODES[k_pool.dtype],
                             out.data_ptr(), block_table.data_ptr(), token_seq.data_ptr(), key_begin.data_ptr(),
                             key_end.data_ptr(), 0 if tree_begin is None else tree_begin.data_ptr(),
                             0 if tree_mask is None else tree_mask.data_ptr(), partial.data_ptr(),
-                            splits_used.data_ptr(), bad.data_ptr(), block_table.shape[0], block_table.shape[1],
+                            splits_used.data_ptr(), 0 if bad is None else bad.data_ptr(), block_table.shape[0], block_table.shape[1],
                             page_size, k_pool.shape[0] // page_size, T, H, k_pool.shape[1], D, splits, float(scale),
                             stream_handle(q.device))
     if check and int(bad.item()):
