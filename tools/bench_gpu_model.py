@@ -31,6 +31,7 @@ import torch
 
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
 from sonarspec_ext.bench import LLAMA31_8B, SMOLLM2_135M, SYNTHETIC_30M, synthetic_config_dir
+from sonarspec_ext.ops.cuda_events import median_event_ms
 from sonarspec_ext.ops.cuda_gemm_choice import chosen
 from sonarspec_ext.runtime.cuda_graphs import StepGraphs
 from sonarspec_ext.runtime.metadata import TreeBlock
@@ -58,26 +59,11 @@ def median_ms(fn, device, reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def event_ms(fn, reps: int = 20) -> float:
-    """GPU time of ``fn`` by CUDA events (median)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 def copy_bandwidth() -> float:
     """Bytes per second moved (read + written) by a 4 GB device-to-device copy."""
     src = torch.randn(1 << 29, device="cuda")   # 2 GiB of float32
     dst = torch.empty_like(src)
-    ms = event_ms(lambda: dst.copy_(src), reps=10)
+    ms = median_event_ms(lambda: dst.copy_(src))
     return 2 * src.numel() * 4 / (ms / 1e3)
 
 
@@ -136,7 +122,7 @@ def graph_gpu_ms(graphs, batch: int, queries: int = 1):
     if not cands:
         return None
     g = max(cands, key=lambda kg: kg[0][2])[1]
-    return round(event_ms(g.graph.replay), 3)
+    return round(median_event_ms(g.graph.replay, reps=20), 3)
 
 
 def forward_costs(llm, device, context: int = 512) -> list:
@@ -268,6 +254,8 @@ def main() -> None:
         out["replay"] = []
         for gemm in args.replay_gemm:
             os.environ["SONARSPEC_CUDA_GEMM"] = gemm
+            if runner.graphs is not None:   # graphs captured under another GEMM mode would replay its kernels
+                runner.graphs = StepGraphs(runner)
             for b in (1, 8):
                 configs = chains + trees if b == 1 else [c for c in chains if c[1] >= 0.8]
                 rows = replay_speedups(llm, vocab, args.device, b, args.replay_tokens, configs, rounds=4 if b == 1 else 1)

@@ -9,18 +9,11 @@
 
 #include <cstdint>
 
+#include "convert.cuh"
 #include "sonarspec/elementwise_cuda.h"
 
 namespace sonarspec {
 namespace {
-
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 constexpr int kNormThreads = 256;
 
@@ -33,7 +26,7 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const T* __restr
   T* orow = out + blockIdx.x * n;
   float sum = 0.f;
   for (int64_t i = threadIdx.x; i < n; i += kNormThreads) {
-    const float v = to_f(xr[i]);
+    const float v = to_float(xr[i]);
     sum = fmaf(v, v, sum);
   }
   __shared__ float part[kNormThreads / 32];
@@ -45,8 +38,8 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const T* __restr
   for (int i = 0; i < kNormThreads / 32; ++i) total += part[i];   // the same order in every thread
   const float inv = rsqrtf(total / static_cast<float>(n) + eps);
   for (int64_t i = threadIdx.x; i < n; i += kNormThreads) {
-    const float normed = to_f(from_f<T>(to_f(xr[i]) * inv));
-    orow[i] = from_f<T>(to_f(w[i]) * normed);
+    const float normed = to_float(from_float<T>(to_float(xr[i]) * inv));
+    orow[i] = from_float<T>(to_float(w[i]) * normed);
   }
 }
 
@@ -57,8 +50,8 @@ __global__ void silu_and_mul_kernel(const T* __restrict__ x, T* __restrict__ out
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / n, c = i % n;
-    const float g = to_f(x[r * 2 * n + c]), u = to_f(x[r * 2 * n + n + c]);
-    out[i] = from_f<T>(g / (1.f + __expf(-g)) * u);
+    const float g = to_float(x[r * 2 * n + c]), u = to_float(x[r * 2 * n + n + c]);
+    out[i] = from_float<T>(g / (1.f + __expf(-g)) * u);
   }
 }
 
@@ -75,11 +68,11 @@ __global__ void rope_qkv_kernel(const T* __restrict__ qkv, int64_t stride, const
   const int64_t rotated = (heads + kv_heads) * half;
   for (int64_t i = threadIdx.x; i < rotated; i += blockDim.x) {
     const int64_t h = i / half, j = i % half;
-    const float x1 = to_f(row[h * d + j]), x2 = to_f(row[h * d + half + j]);
-    const float cj = to_f(c[j]), sj = to_f(s[j]);
+    const float x1 = to_float(row[h * d + j]), x2 = to_float(row[h * d + half + j]);
+    const float cj = to_float(c[j]), sj = to_float(s[j]);
     T* dst = h < heads ? q + (t * heads + h) * d : k + (t * kv_heads + h - heads) * d;
-    dst[j] = from_f<T>(x1 * cj - x2 * sj);
-    dst[half + j] = from_f<T>(x2 * cj + x1 * sj);
+    dst[j] = from_float<T>(x1 * cj - x2 * sj);
+    dst[half + j] = from_float<T>(x2 * cj + x1 * sj);
   }
   const T* vrow = row + (heads + kv_heads) * d;
   for (int64_t i = threadIdx.x; i < kv_heads * d; i += blockDim.x) v[t * kv_heads * d + i] = vrow[i];

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "convert.cuh"
 #include "sonarspec/paged_attention_cuda.h"
 
 namespace sonarspec {
@@ -26,14 +27,6 @@ namespace {
 
 constexpr int kWarps = 4, kMaxHeads = 8;
 constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // N consecutive elements at p (aligned to their size in bytes where that is 4, 8 or 16) as floats.
 template <typename T, int N>

@@ -13,6 +13,8 @@ from typing import Callable, Dict, Tuple
 
 import torch
 
+from .cuda_events import median_event_ms
+
 CHOICES = ("auto", "cutlass", "torch")
 TUNE_MAX_ROWS = 256   # more rows: torch's GEMM (the CUTLASS kernel's 64-row tiles serve small steps)
 _REPS = 10
@@ -28,17 +30,7 @@ def forced() -> str:
 
 
 def _median_ms(fn: Callable[[], object]) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(_REPS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+    return median_event_ms(fn, _REPS)
 
 
 def choose(key: Tuple, cutlass: Callable[[], object], torch_gemm: Callable[[], object]) -> str:
