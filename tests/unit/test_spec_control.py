@@ -243,3 +243,15 @@ def test_the_catch_up_after_plain_decoding_is_not_measured():
             seconds += 0.024                    # the catch-up
         c.record(seconds, tokens, measured=True)
     assert c.winner == 2 and c.rates[2] == pytest.approx(2.19 / 0.016)
+
+
+def test_a_large_class_starts_plain_after_a_lone_stream_chose_drafts():
+    """A server's first request ran alone and chose K = 4 (no cost model yet: plain decoding
+    unmeasured there); 64 streams arriving next survey from plain decoding, not K = 4; a
+    class of 2-3 streams still starts from the lone stream's verdict."""
+    c = BatchSpeculationControl(modes=(4, 3, 2, 1, 0))
+    one = c.for_batch(1)
+    for _ in range(5):
+        one.record(0.01, 3, measured=True)
+    assert one.rates[4] is not None and one.model() is None
+    assert c.for_batch(64).mode == 0 and c.for_batch(2).mode == 4

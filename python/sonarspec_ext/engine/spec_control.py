@@ -230,12 +230,13 @@ class BatchSpeculationControl:
     winner, and the losing modes' probes there grow rare. A class seen for the first time
     starts its survey from plain decoding with the cost model of the nearest smaller class
     that has one (a larger batch's drafts cost at least as much per sequence, so the
-    borrowed model errs towards probing them); without one, from the winner of the nearest
-    class that has measured a mode. The first class to measure starts from the configured
-    draft length below ``PLAIN_FROM_CLASS`` and from plain decoding at or above it: a survey
-    that opens with K drafts for each of 64 sequences verifies 64 (1 + K) rows per step,
-    steps that cost several plain ones where the target is compute-bound; from plain
-    decoding it climbs through K = 1 instead, and only as far as drafts pay."""
+    borrowed model errs towards probing them); without one, a class of ``PLAIN_FROM_CLASS``
+    or more starts from plain decoding, a smaller one from the winner of the nearest class
+    that has measured a mode (the first to measure: from the configured draft length). A
+    survey that opens with K drafts for each of 64 sequences verifies 64 (1 + K) rows per
+    step, steps that cost several plain ones where the target is compute-bound; from plain
+    decoding it climbs through K = 1 instead, and only as far as drafts pay - also when a
+    server's first requests ran alone with K drafts a moment before."""
 
     LAST_CLASS = 6   # 32 and more sequences
     PLAIN_FROM_CLASS = 3   # 4 and more sequences
@@ -268,10 +269,10 @@ class BatchSpeculationControl:
             seen = [k for k in self.classes if any(r is not None for r in self.classes[k].rates.values())]
             if prior is not None:
                 new.start_with(0, prior)
-            elif seen:   # a verdict, not a start that has measured nothing (a class of prefill steps)
-                new.start_with(self.classes[min(seen, key=lambda k: (abs(k - c), k))].winner)
             elif c >= self.PLAIN_FROM_CLASS and 0 in new.modes:
                 new.start_with(0)
+            elif seen:   # a verdict, not a start that has measured nothing (a class of prefill steps)
+                new.start_with(self.classes[min(seen, key=lambda k: (abs(k - c), k))].winner)
             self.classes[c] = new
         return self.classes[c]
 
