@@ -212,7 +212,8 @@ def main() -> None:
     path = synthetic_config_dir(tmp.name, SHAPES[args.shape])
     t0 = time.perf_counter()
     llm = LLM(path, device=args.device, dtype=args.dtype, load_format="dummy", cuda_graphs=cuda,
-              spec=SpecConfig(method="ngram", num_draft_tokens=8), kv_cache_memory=(6 << 30) if cuda else (256 << 20), max_num_seqs=64)
+              spec=SpecConfig(method="ngram", num_draft_tokens=8), kv_cache_memory=(6 << 30) if cuda else (256 << 20),
+              max_num_seqs=64)
     llm.engine.proposer = NoProposer()
     vocab, runner = llm.engine.model_config.vocab_size, llm.engine.runner
     out = {"shape": args.shape, "config": SHAPES[args.shape], "dtype": args.dtype, "device": args.device,
@@ -258,7 +259,8 @@ def main() -> None:
                 runner.graphs = StepGraphs(runner)
             for b in (1, 8):
                 configs = chains + trees if b == 1 else [c for c in chains if c[1] >= 0.8]
-                rows = replay_speedups(llm, vocab, args.device, b, args.replay_tokens, configs, rounds=4 if b == 1 else 1)
+                rows = replay_speedups(llm, vocab, args.device, b, args.replay_tokens, configs,
+                                       rounds=4 if b == 1 else 1)
                 out["replay"] += [{"gemm": gemm, **r} for r in rows]
                 save()
         os.environ.pop("SONARSPEC_CUDA_GEMM")

@@ -92,9 +92,10 @@ def test_a_token_reads_the_same_bits_alone_or_in_a_step(prefix, block):
                                     end[t:t + 1].cuda(), D ** -0.5)
         assert torch.equal(alone, together[t:t + 1])
     others = torch.randn(6, H, D, generator=g).to(dt).cuda()
+    zeros = torch.zeros(3, dtype=torch.long)
     step = ops.paged_attention(torch.cat([others[:3], q, others[3:]]), *common,
-                               torch.cat([torch.zeros(3, dtype=torch.long), seq, torch.full((3,), 2)]).cuda(),
-                               torch.cat([torch.zeros(3, dtype=torch.long), begin, torch.zeros(3, dtype=torch.long)]).cuda(),
+                               torch.cat([zeros, seq, torch.full((3,), 2)]).cuda(),
+                               torch.cat([zeros, begin, zeros]).cuda(),
                                torch.cat([torch.full((3,), L), end, torch.full((3,), 7)]).cuda(), D ** -0.5)
     assert torch.equal(step[3:3 + block], together)
 

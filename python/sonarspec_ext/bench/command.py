@@ -121,7 +121,8 @@ def run_bench(args) -> int:
         if args.plot and not plot_spec(info, args.plot):
             print("bench: matplotlib is not installed; no chart written", file=sys.stderr)
         return 0
-    if args.device != "cpu" or args.dtype != "float32" or args.temperature or args.top_p != 1.0 or args.cuda_graphs is not None:
+    if (args.device != "cpu" or args.dtype != "float32" or args.temperature or args.top_p != 1.0
+            or args.cuda_graphs is not None):
         raise ValueError("--device, --dtype, --temperature, --top-p and --cuda-graphs apply to --spec "
                          "all/mtp/eagle_tree; --spec none runs greedy float32 on the CPU")
     info = bench_decode(None if args.model == "synthetic-30m" else args.model, args.batch_sizes,

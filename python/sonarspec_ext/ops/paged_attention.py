@@ -20,12 +20,12 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                     page_size: int, token_seq: torch.Tensor, key_begin: torch.Tensor, key_end: torch.Tensor,
                     scale: float, tree_begin: Optional[torch.Tensor] = None,
                     tree_mask: Optional[torch.Tensor] = None, check: bool = True) -> torch.Tensor:
-    """q (num_tokens, num_heads, head_dim) float32 CPU, or any float dtype on CUDA; k_pool, v_pool (num_slots,
-    num_kv_heads, head_dim) float32, bfloat16 or float16 (widened exactly as read), slot =
-    page * page_size + offset; block_table (batch_size,
-    max_pages) int64 page ids; token_seq, key_begin, key_end (num_tokens,) int64: query t
-    attends to positions [key_begin[t], key_end[t]) of sequence token_seq[t]. With ``tree_begin``/``tree_mask`` (num_tokens,) int64 it also
-    attends to positions tree_begin[t] + j for each bit j of tree_mask[t] (draft-tree
+    """q (num_tokens, num_heads, head_dim) float32 CPU, or any float dtype on CUDA; k_pool,
+    v_pool (num_slots, num_kv_heads, head_dim) float32, bfloat16 or float16 (widened exactly
+    as read), slot = page * page_size + offset; block_table (batch_size, max_pages) int64
+    page ids; token_seq, key_begin, key_end (num_tokens,) int64: query t attends to
+    positions [key_begin[t], key_end[t]) of sequence token_seq[t]. With
+    ``tree_begin``/``tree_mask`` (num_tokens,) int64 it also attends to positions tree_begin[t] + j for each bit j of tree_mask[t] (draft-tree
     ancestors; the two key sets are merged by log-sum-exp in one pass). Any number of query
     heads per KV head. Returns (num_tokens, num_heads * head_dim) in q's dtype; a query
     token that reads no key at all (or whose indices leave the table or the pool) is a
@@ -94,7 +94,8 @@ def _paged_attention_cuda(q, k_pool, v_pool, block_table, page_size, token_seq, 
                             out.data_ptr(), block_table.data_ptr(), token_seq.data_ptr(), key_begin.data_ptr(),
                             key_end.data_ptr(), 0 if tree_begin is None else tree_begin.data_ptr(),
                             0 if tree_mask is None else tree_mask.data_ptr(), partial.data_ptr(),
-                            splits_used.data_ptr(), 0 if bad is None else bad.data_ptr(), block_table.shape[0], block_table.shape[1],
+                            splits_used.data_ptr(), 0 if bad is None else bad.data_ptr(), block_table.shape[0],
+                            block_table.shape[1],
                             page_size, k_pool.shape[0] // page_size, T, H, k_pool.shape[1], D, splits, float(scale),
                             stream_handle(q.device))
     if check and int(bad.item()):
