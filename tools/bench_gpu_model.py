@@ -202,6 +202,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--parts", nargs="+", default=["decode", "forward", "replay"])
     ap.add_argument("--replay-tokens", type=int, default=96)
+    ap.add_argument("--graph-max-tokens", type=int, default=None,
+                    help="EngineConfig.cuda_graph_max_tokens (default: the engine's): larger verification steps graphed")
     ap.add_argument("--replay-gemm", nargs="+", default=["auto", "cutlass"], choices=["auto", "cutlass", "torch"],
                     help="GEMM modes of the replay runs (SONARSPEC_CUDA_GEMM): cutlass is batch invariant, so "
                          "verification rows equal decoding rows bit for bit and greedy outputs stay exact")
@@ -213,7 +215,8 @@ def main() -> None:
     t0 = time.perf_counter()
     llm = LLM(path, device=args.device, dtype=args.dtype, load_format="dummy", cuda_graphs=cuda,
               spec=SpecConfig(method="ngram", num_draft_tokens=8), kv_cache_memory=(6 << 30) if cuda else (256 << 20),
-              max_num_seqs=64)
+              max_num_seqs=64,
+              **({} if args.graph_max_tokens is None else {"cuda_graph_max_tokens": args.graph_max_tokens}))
     llm.engine.proposer = NoProposer()
     vocab, runner = llm.engine.model_config.vocab_size, llm.engine.runner
     out = {"shape": args.shape, "config": SHAPES[args.shape], "dtype": args.dtype, "device": args.device,

@@ -58,6 +58,21 @@ def test_shapes_past_the_limit_and_failed_captures_run_eagerly(monkeypatch):
     assert g.graphs == {} and g.error == "RuntimeError: operation not permitted when stream is capturing"
 
 
+def test_steps_past_the_token_limit_run_eagerly():
+    """``cuda_graph_max_tokens``: 5-sequence decoding steps (5 tokens) past a limit of 4
+    stay eager; once requests finish, the 1- to 4-token steps are graphed; outputs
+    unchanged."""
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (60, 50, 40, 30, 20)]
+    ref = [o.token_ids for o in LLM("default").generate(PROMPTS[:5], params)]
+    llm = LLM("default")
+    llm.engine.runner.use_cuda_graphs(capture=False, max_tokens=4)
+    assert [o.token_ids for o in llm.generate(PROMPTS[:5], params)] == ref
+    shapes = set(llm.engine.runner.graphs.graphs)
+    assert shapes and all(b * q <= 4 for b, q, *_ in shapes)
+    with pytest.raises(ValueError, match="cuda_graph_max_tokens must be a positive integer"):
+        LLM("default", cuda_graph_max_tokens=0)
+
+
 def test_the_option_needs_cuda():
     with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device"):
         LLM("default", cuda_graphs=True)

@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from ..ops.limits import CUDA_GRAPH_MAX_TOKENS
 from ..models.loader import LOAD_FORMATS, QUANTIZATION_CHOICES, has_compact_weights, parse_dtype
 
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -36,6 +37,8 @@ class EngineConfig:
     # devices (an 8B-shaped model decoded 2.3-2.9x faster than eagerly on an H200,
     # docs/benchmarks.md), False: eager per-op launches; True on the CPU is an error
     cuda_graphs: Optional[bool] = None
+    # the largest step (batch x queries per sequence) run as a graph; larger ones run eagerly
+    cuda_graph_max_tokens: int = CUDA_GRAPH_MAX_TOKENS
     freeze_gc: bool = True   # gc.freeze() once built: full collections skip the loaded libraries
     # float32 on the CPU: weight matrices in bfloat16 (models.loader.load_model); False: float32 copies
     compact_weights: bool = True
@@ -57,7 +60,7 @@ class EngineConfig:
 
     def __post_init__(self):
         for name in ("page_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "num_pages",
-                     "max_model_len"):
+                     "max_model_len", "cuda_graph_max_tokens"):
             v = getattr(self, name)
             if v is None and name in ("num_pages", "max_model_len"):
                 continue

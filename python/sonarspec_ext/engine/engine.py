@@ -87,7 +87,7 @@ class Engine:
             if self.device.type != "cuda":
                 raise ValueError(f"cuda_graphs needs a CUDA device, not {self.device.type!r}")
             for runner in self.runners():
-                runner.use_cuda_graphs()
+                runner.use_cuda_graphs(max_tokens=c.cuda_graph_max_tokens)
         self.seqs: Dict[int, Request] = {}
         self._ids = itertools.count()
         self.timing = dict.fromkeys(TIMING_KEYS, 0.0)

@@ -106,11 +106,12 @@ class _Graph:
 
 class StepGraphs:
     """The graphed forwards of one ``ModelRunner``; ``run`` returns None for steps it does
-    not take (non-uniform or large steps, native CPU metadata, the first use of a shape, a
-    shape past ``MAX_GRAPHS``, or after a capture failed), which then run eagerly."""
+    not take (non-uniform steps, steps of more than ``max_tokens`` tokens, the first use of
+    a shape, a shape past ``MAX_GRAPHS``, or after a capture failed), which then run
+    eagerly."""
 
-    def __init__(self, runner, capture: bool = True):
-        self.runner, self.capture = runner, capture
+    def __init__(self, runner, capture: bool = True, max_tokens: int = CUDA_GRAPH_MAX_TOKENS):
+        self.runner, self.capture, self.max_tokens = runner, capture, max_tokens
         self.graphs: Dict[tuple, _Graph] = {}
         self.seen: Dict[tuple, int] = {}   # uses of shapes without a graph yet
         self.pool = None
@@ -125,7 +126,7 @@ class StepGraphs:
                 or not isinstance(logits_rows, torch.Tensor)):
             return None
         batch, queries = meta.query_index.shape
-        if batch * queries > CUDA_GRAPH_MAX_TOKENS or batch * queries != input_ids.numel():
+        if batch * queries > self.max_tokens or batch * queries != input_ids.numel():
             return None
         keys = key_bucket(meta.block_table.shape[1] * meta.page_size if key_lists else meta.kv_slots.shape[1])
         shape = (batch, queries, keys, None if features is None else features.shape[-1], logits_rows.numel(),

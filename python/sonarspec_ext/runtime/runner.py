@@ -9,7 +9,7 @@ import torch
 from ..layers.attention import PagedAttentionMetadata, TorchPagedAttention
 from ..models.llama import vocab_logits
 from ..models.loader import has_compact_weights
-from ..ops.limits import NATIVE_ATTENTION_MAX_TOKENS
+from ..ops.limits import CUDA_GRAPH_MAX_TOKENS, NATIVE_ATTENTION_MAX_TOKENS
 from ..ops.paged_attention import cuda_attention_supports
 from ..ops.stack_drafting import block_table, fits, refill_chain, rows_forward
 from .kv_cache import KVCache
@@ -45,12 +45,12 @@ class ModelRunner:
         No layers: the final states, as before."""
         self.capture, self._fuse = tuple(layers), fuse if layers else None
 
-    def use_cuda_graphs(self, capture: bool = True) -> None:
-        """Small uniform steps on this runner run as CUDA graphs from now on
-        (``runtime.cuda_graphs.StepGraphs``; ``capture`` False runs their static-buffer
-        forward eagerly, for tests)."""
+    def use_cuda_graphs(self, capture: bool = True, max_tokens: int = CUDA_GRAPH_MAX_TOKENS) -> None:
+        """Uniform steps of up to ``max_tokens`` tokens on this runner run as CUDA graphs
+        from now on (``runtime.cuda_graphs.StepGraphs``; ``capture`` False runs their
+        static-buffer forward eagerly, for tests)."""
         from .cuda_graphs import StepGraphs
-        self.graphs = StepGraphs(self, capture=capture)
+        self.graphs = StepGraphs(self, capture=capture, max_tokens=max_tokens)
 
     def stack(self):
         """The model's layers as one native call (``ops.DecoderStack``) on this cache, built
