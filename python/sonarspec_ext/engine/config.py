@@ -50,8 +50,8 @@ class EngineConfig:
     # file's Q8_0 / Q4_0 / Q4_1 blocks (CPU, float32 activations), "none" dequantizes at load,
     # "q8_0" / "q4_0" / "q4_1" quantize any checkpoint at load
     quantization: str = "auto"
-    # "dummy": the model directory's config.json with random weights made on the device, no
-    # weight file read (benchmarks of models whose checkpoints are not at hand)
+    # "dummy": the model's config (config.json, or a GGUF file's metadata) with random weights
+    # made on the device, no weights read (benchmarks of models whose checkpoints are not at hand)
     load_format: str = "auto"
     # debugging: inside the single-token MTP schedule's device region, any host read of a
     # tensor raises (engine/single_token_step.py: forbid_host_syncs on the CPU, torch.cuda's sync

@@ -177,14 +177,15 @@ def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool =
     ``embedding``: the token embedding (and tied lm_head) of a checkpoint that leaves them
     out - a draft model sharing its target's (``models.draft_llm``); used by reference.
 
-    ``load_format="dummy"`` (benchmarks, as vLLM's): the directory's ``config.json`` with
-    random weights made on ``device`` (matrices ~ N(0, 0.02), norm weights 1, biases 0;
+    ``load_format="dummy"`` (benchmarks, as vLLM's): the directory's ``config.json`` (a
+    GGUF file's metadata) with random weights made on ``device`` (matrices ~ N(0, 0.02), norm weights 1, biases 0;
     seeded), no weight file read - a model of any size without its checkpoint."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
     torch_dtype = parse_dtype(dtype)
     if load_format == "dummy":
-        cfg = ModelConfig.from_dir(path)
+        f = gguf_file(path)
+        cfg = open_gguf(f).config() if f else ModelConfig.from_dir(path)
         model, expected = _empty_model(cfg)
         return _assemble(model, cfg, _random_state(expected, torch_dtype, device), device)
     compact = compact_weights and torch_dtype == torch.float32 and torch.device(device).type == "cpu"
