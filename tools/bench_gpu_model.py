@@ -202,6 +202,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--parts", nargs="+", default=["decode", "forward", "replay"])
     ap.add_argument("--replay-tokens", type=int, default=96)
+    ap.add_argument("--replay-batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--graph-max-tokens", type=int, default=None,
                     help="EngineConfig.cuda_graph_max_tokens (default: the engine's): larger verification steps graphed")
     ap.add_argument("--replay-gemm", nargs="+", default=["auto", "cutlass"], choices=["auto", "cutlass", "torch"],
@@ -260,7 +261,7 @@ def main() -> None:
             os.environ["SONARSPEC_CUDA_GEMM"] = gemm
             if runner.graphs is not None:   # graphs captured under another GEMM mode would replay its kernels
                 runner.graphs = StepGraphs(runner)
-            for b in (1, 8):
+            for b in args.replay_batches:
                 configs = chains + trees if b == 1 else [c for c in chains if c[1] >= 0.8]
                 rows = replay_speedups(llm, vocab, args.device, b, args.replay_tokens, configs,
                                        rounds=4 if b == 1 else 1)

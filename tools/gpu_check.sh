@@ -6,7 +6,8 @@
 # benchmark (random weights in Llama-3.1-8B's shape: HBM floor, decoding eager and with
 # CUDA graphs, forward cost over 1 + K tokens and trees, speculation at controlled
 # acceptance - tools/bench_gpu_model.py); the GPU tests of the whole engine; the same
-# benchmark in SmolLM2-135M's shape; the speculation benchmark on the packaged models with
+# benchmark in SmolLM2-135M's shape, and the 8B shape at batch 32 with steps of up to 256
+# tokens graphed; the speculation benchmark on the packaged models with
 # and without CUDA graphs (the default on CUDA); the other kernel tests and kernel timings. Results go to $OUT
 # (a temp dir if unset). The CUTLASS headers come from third_party/cutlass (bash
 # tools/fetch_cutlass.sh beforehand) or SONARSPEC_CUTLASS_DIR (where the GPU machine has
@@ -47,6 +48,9 @@ stage tests_attention 90 "$PY" -m pytest -q -p no:cacheprovider tests/cuda/test_
 stage bench_8b 200 "$PY" tools/bench_gpu_model.py --shape llama3-8b --json "$OUT/gpu_model_llama3_8b.json"
 stage tests_engine 150 "$PY" -m pytest -q -p no:cacheprovider tests/cuda/test_cuda_engine.py
 stage bench_smollm2 100 "$PY" tools/bench_gpu_model.py --shape smollm2 --json "$OUT/gpu_model_smollm2.json"
+# steps up to 256 tokens graphed (the engine's default is 64): batch 32 decoding and its verification
+stage bench_8b_graph256 150 "$PY" tools/bench_gpu_model.py --shape llama3-8b --graph-max-tokens 256 --batches 32 \
+  --parts decode replay --replay-batches 32 --replay-gemm auto --json "$OUT/gpu_model_llama3_8b_graph256.json"
 SPEC_ARGS=${SPEC_ARGS:---ks 4 --mtp-ks 3 --repeats 1 --max-tokens 64 --batch-sizes 1 --no-transformers}
 # shellcheck disable=SC2086
 stage spec_cuda 90 "$PY" -m sonarspec_ext.cli bench --spec all --device cuda --dtype bfloat16 $SPEC_ARGS \
