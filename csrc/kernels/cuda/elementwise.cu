@@ -109,7 +109,9 @@ cudaError_t launch_all(int op, const ElementwiseArgs& a, cudaStream_t stream) {
 }  // namespace
 
 int elementwise_cuda(int op, const ElementwiseArgs& args, DType dtype, void* stream) {
-  if (args.rows < 0 || args.n < 1 || (op == kRopeQkv && args.n % 2 != 0)) return static_cast<int>(cudaErrorInvalidValue);
+  const bool bad_rope = op == kRopeQkv && (args.n % 2 != 0 || args.heads < 1 || args.kv_heads < 0 ||
+                                           args.stride < (args.heads + 2 * args.kv_heads) * args.n);
+  if (args.rows < 0 || args.n < 1 || bad_rope) return static_cast<int>(cudaErrorInvalidValue);
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case DType::kFloat32: return static_cast<int>(launch_all<float>(op, args, s));

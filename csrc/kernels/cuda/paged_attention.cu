@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -309,8 +310,9 @@ int64_t paged_attention_cuda_max_splits(int64_t max_pages, int64_t page_size) {
 int paged_attention_cuda(const AttentionArgs& args, DType dtype, void* stream) {
   if (args.num_tokens == 0) return 0;
   if (!paged_attention_cuda_supports(args.head_dim) || args.num_kv_heads < 1 || args.group < 1 ||
-      args.num_heads != args.group * args.num_kv_heads || args.page_size < 1 || args.max_splits < 1)
-    return static_cast<int>(cudaErrorInvalidValue);
+      args.num_heads != args.group * args.num_kv_heads || args.page_size < 1 || args.max_pages < 0 ||
+      args.max_splits < std::max<int64_t>(1, paged_attention_cuda_max_splits(args.max_pages, args.page_size)))
+    return static_cast<int>(cudaErrorInvalidValue);   // a token's splits could pass the work buffer
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case DType::kFloat32: return static_cast<int>(launch_dim<float>(args, s));

@@ -178,8 +178,9 @@ def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool =
     out - a draft model sharing its target's (``models.draft_llm``); used by reference.
 
     ``load_format="dummy"`` (benchmarks, as vLLM's): the directory's ``config.json`` (a
-    GGUF file's metadata) with random weights made on ``device`` (matrices ~ N(0, 0.02), norm weights 1, biases 0;
-    seeded), no weight file read - a model of any size without its checkpoint."""
+    GGUF file's metadata) with random weights made on ``device`` (matrices ~ N(0, 0.02),
+    norm weights 1, biases 0; seeded), no weight file read - a model of any size without
+    its checkpoint."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
     torch_dtype = parse_dtype(dtype)
