@@ -103,7 +103,7 @@ def test_a_token_reads_the_same_bits_alone_or_in_a_block(H, Hkv, prefix, block, 
     tree block: one prefix plus ancestor bits) share their key reads; every token's output
     is the same bits as the token attended alone, at contexts that split its keys into
     several parallel runs too - also where the block's key counts straddle a split
-    boundary (512 and 1024 keys), so that its tokens have different numbers of runs - and
+    boundary (every 256 keys), so that its tokens have different numbers of runs - and
     equals the float64 reference; the same bits on 1, 2 or 4 threads (which change how the
     work is grouped into items)."""
     g = torch.Generator().manual_seed(H * prefix + block)

@@ -6,7 +6,7 @@
 // (running max, rescaled sums) with a vectorised exp, then the value rows (attention_chunk*.cpp),
 // while the next chunk's rows are prefetched. Chunks that every token of a task has in full
 // in its prefix run once for all its rows, the rest per token; long key lists are split into
-// runs of 32 chunks (512 keys) that run as separate work items, their softmax states merged
+// runs of 16 chunks (256 keys) that run as separate work items, their softmax states merged
 // by log-sum-exp in order; an item takes several KV heads where there are enough items, so
 // that it reads whole slot rows. Chunks and splits follow each token's own key list, so a
 // token's result is the same bits whatever else is in the step.

@@ -12,8 +12,10 @@ namespace sonarspec {
 
 // Keys per split: a token with more keys gets one online-softmax state per split of its
 // key list (tasks that run in parallel), merged in split order at the end. A function of the
-// token's own key list, so its result does not depend on the batch.
-constexpr int64_t kSplitChunks = 32;
+// token's own key list, so its result does not depend on the batch. 256 keys: at 600-3072
+// keys of SmolLM2's shape (3 KV heads on 2 threads) one step's attention took 0.78-0.95x
+// the time of 512-key runs (tools/bench_attention_context.py, builds alternated).
+constexpr int64_t kSplitChunks = 16;
 
 // A query token's keys: the list [prefix positions lo..hi) then its tree ancestors.
 struct TokenKeys {
