@@ -65,14 +65,17 @@ def _run_llm(llm: LLM, prompts: List[str], params: List[SamplingParams], batch_s
 
 def scheme_config(name: str) -> SpecConfig:
     """A profiling tool's scheme name: ``plain``, ``method:k`` (k 4 if left out) with the
-    packaged drafter, or ``eagle_tree:depth:top_k:nodes``."""
+    packaged drafter, or ``eagle_tree:depth:top_k:nodes``; ``@FORMAT`` after it quantizes
+    the drafter's weights at load (``mtp:3@q8_0``)."""
+    name, _, quantization = name.partition("@")
     method, *rest = name.split(":")
     if method == "plain":
         return SpecConfig()
+    extra = {"quantization": quantization} if quantization else {}
     if method == "eagle_tree" and len(rest) == 3:
         d, k, n = map(int, rest)
-        return SpecConfig(method=method, num_draft_tokens=d, tree_top_k=k, tree_num_nodes=n)
-    return SpecConfig(method=method, num_draft_tokens=int(rest[0]) if rest else 4)
+        return SpecConfig(method=method, num_draft_tokens=d, tree_top_k=k, tree_num_nodes=n, **extra)
+    return SpecConfig(method=method, num_draft_tokens=int(rest[0]) if rest else 4, **extra)
 
 
 def _schemes(draft_dir: Optional[str], mtp_dir: Optional[str], ks, mtp_ks, with_ngram: bool, trees=(),
