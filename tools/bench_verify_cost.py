@@ -5,7 +5,7 @@ packaged target by default; ``--synthetic-200m`` adds a random 200M-parameter Ll
 (bfloat16 weights, 400 MB: far beyond a CPU's caches, as an LLM's are) measured in the
 same run. CPU float32 activations by default; ``--device cuda --dtype bfloat16`` on a GPU.
 
-    python tools/bench_verify_cost.py [--json PATH] [--context 100] [--model DIR] [--synthetic-200m]
+    python tools/bench_verify_cost.py [--json PATH] [--context 100 [400 1024]] [--model DIR] [--synthetic-200m]
                                       [--device cpu|cuda] [--dtype float32|bfloat16]
 """
 from __future__ import annotations
@@ -24,21 +24,25 @@ from sonarspec_ext.models.loader import QUANTIZATION_CHOICES
 SIZES = (1, 2, 3, 4, 5, 8, 17)
 
 
-def forward_calls(model_dir: str, context: int, device: str, dtype: str, quantization: str = "none"):
-    """One target forward over T tokens at positions context.. of one sequence, per T (on
-    a GPU each call waits for the device)."""
+def forward_calls(model_dir: str, contexts, device: str, dtype: str, quantization: str = "none"):
+    """One target forward over T tokens at positions context.. of one sequence, per
+    (context, T) (on a GPU each call waits for the device)."""
     runner = LLM(model_dir, device=device, dtype=dtype, quantization=quantization).engine.runner
-    table = list(range(context // 16 + 4))
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     calls = {}
-    for T in SIZES:
-        meta, pos = runner.metadata([(context, T, table)])
-        ids, rows = torch.randint(0, 1000, (T,), device=runner.device), torch.arange(T, device=runner.device)
+    for context in contexts:
+        pages = (context + max(SIZES)) // runner.kv_cache.page_size + 1
+        if pages > runner.kv_cache.num_pages:
+            raise SystemExit(f"--context {context} needs {pages} KV pages; the cache holds {runner.kv_cache.num_pages}")
+        table = list(range(pages))
+        for T in SIZES:
+            meta, pos = runner.metadata([(context, T, table)])
+            ids, rows = torch.randint(0, 1000, (T,), device=runner.device), torch.arange(T, device=runner.device)
 
-        def call(ids=ids, pos=pos, meta=meta, rows=rows):
-            runner.forward(ids, pos, meta, rows)
-            sync()
-        calls[T] = call
+            def call(ids=ids, pos=pos, meta=meta, rows=rows):
+                runner.forward(ids, pos, meta, rows)
+                sync()
+            calls[(context, T)] = call
     params = runner.model.config.num_params   # the checkpoint's, however its matrices are stored
     return calls, params
 
@@ -46,7 +50,8 @@ def forward_calls(model_dir: str, context: int, device: str, dtype: str, quantiz
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
-    ap.add_argument("--context", type=int, default=100)
+    ap.add_argument("--context", type=int, nargs="+", default=[100],
+                    help="tokens already in the sequence's KV cache (several: each measured)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", default="default", help="HF model directory, or 'default' (the packaged target)")
     ap.add_argument("--synthetic-200m", action="store_true", help="also a random 200M-parameter Llama")
@@ -62,21 +67,24 @@ def main() -> None:
         models["synthetic-200m"] = forward_calls(make_synthetic_model(tmp.name, shape=SYNTHETIC_200M,
                                                                       dtype="bfloat16"), args.context,
                                                  args.device, args.dtype)
-    times = {(name, T): [] for name in models for T in SIZES}
+    keys = [(c, T) for c in args.context for T in SIZES]
+    times = {(name, key): [] for name in models for key in keys}
     for r in range(args.rounds):
         for name, (calls, _) in models.items():
             reps = 10 if name == args.model else 3
-            for T in rotated(SIZES, r):
-                times[(name, T)].append(median_us(calls[T], reps, 2))
+            for key in rotated(keys, r):
+                times[(name, key)].append(median_us(calls[key], reps, 2))
     results = []
     for name, (_, params) in models.items():
-        base = statistics.median(times[(name, 1)])
         print(f"{name} ({params / 1e6:.1f}M parameters)")
-        for T in SIZES:
-            us = statistics.median(times[(name, T)])
-            print(f"  {T:3d} tokens: {us:9.1f} us  {us / base:.2f}x a decode forward")
-            results.append({"model": name, "params": params, "tokens": T, "forward_us": round(us, 1),
-                            "vs_decode": round(us / base, 3)})
+        for c in args.context:
+            base = statistics.median(times[(name, (c, 1))])
+            print(f"  context {c}")
+            for T in SIZES:
+                us = statistics.median(times[(name, (c, T))])
+                print(f"  {T:3d} tokens: {us:9.1f} us  {us / base:.2f}x a decode forward")
+                results.append({"model": name, "params": params, "context": c, "tokens": T,
+                                "forward_us": round(us, 1), "vs_decode": round(us / base, 3)})
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"context": args.context, "threads": torch.get_num_threads(), "cpu": cpu_info(), "device": args.device,

@@ -13,7 +13,7 @@ namespace sonarspec {
 // Keys per split: a token with more keys gets one online-softmax state per split of its
 // key list (tasks that run in parallel), merged in split order at the end. A function of the
 // token's own key list, so its result does not depend on the batch. 256 keys: at 600-3072
-// keys of SmolLM2's shape (3 KV heads on 2 threads) one step's attention took 0.78-0.95x
+// keys of SmolLM2's shape (3 KV heads on 2 threads) one step's attention took 0.77-1.0x
 // the time of 512-key runs (tools/bench_attention_context.py, builds alternated).
 constexpr int64_t kSplitChunks = 16;
 
