@@ -8,6 +8,9 @@ hand-off, metadata, packing, verification, bookkeeping). Schemes run in interlea
 rounds; medians per step.
 
     python tools/profile_spec.py [--schemes plain mtp:3 draft_target:2] [--rounds 3] [--json PATH]
+
+Schemes: ``plain``, ``METHOD:K``, ``eagle_tree:DEPTH:TOP_K:NODES``; ``@FORMAT`` after one
+quantizes the drafter at load (``mtp:3@q8_0``).
 """
 from __future__ import annotations
 
