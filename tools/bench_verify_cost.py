@@ -82,7 +82,7 @@ def main() -> None:
             print(f"  context {c}")
             for T in SIZES:
                 us = statistics.median(times[(name, (c, T))])
-                print(f"  {T:3d} tokens: {us:9.1f} us  {us / base:.2f}x a decode forward")
+                print(f"    {T:3d} tokens: {us:9.1f} us  {us / base:.2f}x a decode forward")
                 results.append({"model": name, "params": params, "context": c, "tokens": T,
                                 "forward_us": round(us, 1), "vs_decode": round(us / base, 3)})
     if args.json:
