@@ -16,7 +16,7 @@ def test_scheme_names_give_their_configs():
     assert scheme_config("eagle_tree:2:2:4@q4_1").quantization == "q4_1"
 
 
-@pytest.mark.parametrize("name", ["mtp:x", "mtp:2@nonsense", "unknown:2"])
+@pytest.mark.parametrize("name", ["mtp:x", "mtp:2@nonsense", "unknown:2", "mtp:2:5", "eagle_tree:3:2"])
 def test_bad_scheme_names_are_refused(name):
     with pytest.raises(ValueError):
         scheme_config(name)

@@ -75,6 +75,8 @@ def scheme_config(name: str) -> SpecConfig:
     if method == "eagle_tree" and len(rest) == 3:
         d, k, n = map(int, rest)
         return SpecConfig(method=method, num_draft_tokens=d, tree_top_k=k, tree_num_nodes=n, **extra)
+    if len(rest) > 1:
+        raise ValueError(f"scheme {name!r}: expected METHOD:K or eagle_tree:DEPTH:TOP_K:NODES")
     return SpecConfig(method=method, num_draft_tokens=int(rest[0]) if rest else 4, **extra)
 
 
