@@ -48,13 +48,15 @@ AVX2_ATTR inline void scores_rows(const float* const* q, const KV* const* k, int
   for (int r = 0; r < R; ++r) _mm_store_ps(s[r] + c0, _mm_mul_ps(sum_lanes4(acc[r]), scale));
 }
 
-// o[r][d0 + i] += p[r][c] * v[c][d0 + i] for R rows, c < n in order, i < 8 W: the rows'
-// columns in registers over the whole chunk.
+// o[r][d0 + i] = o[r][d0 + i] * f[r] + sum of p[r][c] * v[c][d0 + i] for R rows, c < n in
+// order, i < 8 W: the rows' columns in registers over the whole chunk. f[r]: the row's
+// rescaling for a new running max (1 where the max held: exact).
 template <int R, int W, typename KV>
-AVX2_ATTR inline void values_rows(float* const* o, const float (*p)[kChunk], const KV* const* v, int n, int64_t d0) {
+AVX2_ATTR inline void values_rows(float* const* o, const float* f, const float (*p)[kChunk], const KV* const* v, int n,
+                                  int64_t d0) {
   __m256 acc[R][W];
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < W; ++j) acc[r][j] = _mm256_loadu_ps(o[r] + d0 + 8 * j);
+    for (int j = 0; j < W; ++j) acc[r][j] = _mm256_mul_ps(_mm256_loadu_ps(o[r] + d0 + 8 * j), _mm256_set1_ps(f[r]));
   for (int c = 0; c < n; ++c) {
     __m256 b[R];
     for (int r = 0; r < R; ++r) b[r] = _mm256_broadcast_ss(&p[r][c]);
@@ -75,6 +77,7 @@ AVX2_ATTR inline void pass_rows(const float* const* qs, const KV* const* k, cons
                                 int64_t head_dim, float scale, float* m, float* l, float* const* o,
                                 const ChunkAhead& ahead, int pass, int passes) {
   alignas(32) float s[R][kChunk];   // whole-vector loads and stores
+  float f[R];
   const __m128 sc = _mm_set1_ps(scale);
   for (int c0 = 0; c0 < kChunk; c0 += 4) {
     const int step = 4 * pass + c0 / 4, steps = 4 * passes;
@@ -89,10 +92,10 @@ AVX2_ATTR inline void pass_rows(const float* const* qs, const KV* const* k, cons
     const __m256 a = _mm256_blendv_ps(ninf, _mm256_load_ps(s[r]), live0);
     const __m256 b = _mm256_blendv_ps(ninf, _mm256_load_ps(s[r] + 8), live1);
     const float mx = std::max(m[r], hmax_avx2(_mm256_max_ps(a, b)));
-    if (mx > m[r]) {   // new running max: rescale what was accumulated so far
-      const float f = std::exp(m[r] - mx);
-      l[r] *= f;
-      scale_row(o[r], f, head_dim);
+    f[r] = 1.f;
+    if (mx > m[r]) {   // new running max: rescale what was accumulated so far (in the value pass)
+      f[r] = std::exp(m[r] - mx);
+      l[r] *= f[r];
       m[r] = mx;
     }
     const __m256 mv = _mm256_set1_ps(mx);
@@ -102,8 +105,8 @@ AVX2_ATTR inline void pass_rows(const float* const* qs, const KV* const* k, cons
     l[r] += hsum_avx2(_mm256_add_ps(ea, eb));
   }
   int64_t d0 = 0;
-  for (; d0 + 32 <= head_dim; d0 += 32) values_rows<R, 4>(o, s, v, n, d0);
-  if (d0 < head_dim) values_rows<R, 2>(o, s, v, n, d0);
+  for (; d0 + 32 <= head_dim; d0 += 32) values_rows<R, 4>(o, f, s, v, n, d0);
+  if (d0 < head_dim) values_rows<R, 2>(o, f, s, v, n, d0);
 }
 
 template <typename KV>

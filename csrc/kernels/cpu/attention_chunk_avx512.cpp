@@ -118,14 +118,21 @@ AVX512_ATTR inline void scores_rows(const float* const* qd, const KV* const* k, 
   for (int r = 0; r < R; ++r) s[r] = _mm512_mul_ps(_mm512_permutex2var_ps(half[0][r], join, half[1][r]), sc);
 }
 
-// o[r] += p[r][c] * v[c] for R rows, c < n in order, over columns [d0, d0 + 32 P): the
-// rows' columns in registers over the whole chunk, as (even, odd) vectors.
+// o[r] = o[r] * f[r] + sum of p[r][c] * v[c] for R rows, c < n in order, over columns [d0,
+// d0 + 32 P): the rows' columns in registers over the whole chunk, as (even, odd) vectors.
+// f[r]: the row's rescaling for a new running max (1 where the max held: exact).
 template <int R, int P, typename KV>
-AVX512_ATTR inline void values_block(float* const* o, const float (*p)[kChunk], const KV* const* v, int n,
-                                     int64_t d0) {
+AVX512_ATTR inline void values_block(float* const* o, const float* f, const float (*p)[kChunk], const KV* const* v,
+                                     int n, int64_t d0) {
   __m512 acc[R][2 * P];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < P; ++j) load_pairs(o[r] + d0 + 32 * j, acc[r][2 * j], acc[r][2 * j + 1]);
+  for (int r = 0; r < R; ++r) {
+    const __m512 fr = _mm512_set1_ps(f[r]);
+    for (int j = 0; j < P; ++j) {
+      load_pairs(o[r] + d0 + 32 * j, acc[r][2 * j], acc[r][2 * j + 1]);
+      acc[r][2 * j] = _mm512_mul_ps(acc[r][2 * j], fr);
+      acc[r][2 * j + 1] = _mm512_mul_ps(acc[r][2 * j + 1], fr);
+    }
+  }
   for (int c = 0; c < n; ++c) {
     __m512 vv[2 * P];
     for (int j = 0; j < P; ++j) load_pairs(v[c] + d0 + 32 * j, vv[2 * j], vv[2 * j + 1]);
@@ -140,11 +147,11 @@ AVX512_ATTR inline void values_block(float* const* o, const float (*p)[kChunk], 
 
 // The value pass of R rows: 64 columns at a time, then 32.
 template <int R, typename KV>
-AVX512_ATTR inline void values_rows(float* const* o, const float (*p)[kChunk], const KV* const* v, int n,
-                                    int64_t head_dim) {
+AVX512_ATTR inline void values_rows(float* const* o, const float* f, const float (*p)[kChunk], const KV* const* v,
+                                    int n, int64_t head_dim) {
   int64_t d0 = 0;
-  for (; d0 + 64 <= head_dim; d0 += 64) values_block<R, 2>(o, p, v, n, d0);
-  if (d0 < head_dim) values_block<R, 1>(o, p, v, n, d0);
+  for (; d0 + 64 <= head_dim; d0 += 64) values_block<R, 2>(o, f, p, v, n, d0);
+  if (d0 < head_dim) values_block<R, 1>(o, f, p, v, n, d0);
 }
 
 template <typename KV>
@@ -160,6 +167,7 @@ AVX512_ATTR void update_chunk(const float* const* qs, const KV* k_pool, const KV
   for (int c = n; c < kChunk; ++c) k[c] = k[0];   // past n: a valid row, its score masked
   const __mmask16 live = n >= kChunk ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
   alignas(64) float p[kMaxGroup][kChunk];
+  float f[kMaxGroup];   // each row's rescaling of o, applied by its value pass
   for (int g0 = 0; g0 < group; g0 += 3) {   // scores and the online-softmax update, three rows at a time
     const int gn = std::min(3, group - g0);
     alignas(64) float qd[3][kMaxPairDim];
@@ -182,10 +190,10 @@ AVX512_ATTR void update_chunk(const float* const* qs, const KV* k_pool, const KV
       const int g = g0 + r;
       const __m512 sr = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, s[r]);
       const float mx = std::max(m[g], max_lanes(sr));
+      f[g] = 1.f;
       if (mx > m[g]) {   // new running max: rescale what was accumulated so far
-        const float f = std::exp(m[g] - mx);
-        l[g] *= f;
-        scale_row(o[g], f, head_dim);
+        f[g] = std::exp(m[g] - mx);
+        l[g] *= f[g];
         m[g] = mx;
       }
       const __m512 e = _mm512_maskz_mov_ps(live, exp_neg16(_mm512_sub_ps(sr, _mm512_set1_ps(mx))));
@@ -195,10 +203,10 @@ AVX512_ATTR void update_chunk(const float* const* qs, const KV* k_pool, const KV
   }
   for (int g0 = 0; g0 < group; g0 += 4) {   // values, four rows at a time
     switch (std::min(4, group - g0)) {
-      case 1: values_rows<1>(o + g0, p + g0, v, n, head_dim); break;
-      case 2: values_rows<2>(o + g0, p + g0, v, n, head_dim); break;
-      case 3: values_rows<3>(o + g0, p + g0, v, n, head_dim); break;
-      default: values_rows<4>(o + g0, p + g0, v, n, head_dim); break;
+      case 1: values_rows<1>(o + g0, f + g0, p + g0, v, n, head_dim); break;
+      case 2: values_rows<2>(o + g0, f + g0, p + g0, v, n, head_dim); break;
+      case 3: values_rows<3>(o + g0, f + g0, p + g0, v, n, head_dim); break;
+      default: values_rows<4>(o + g0, f + g0, p + g0, v, n, head_dim); break;
     }
   }
 }
