@@ -101,11 +101,12 @@ def test_steps_speculated_and_paused_are_counted(llama_dir, draft_dir):
     drafted = sum(1 for decoding, n in seen if decoding <= 2 and n > 0)
     assert paused > 5 and drafted > 5 and eng.decode_steps == {"speculating": drafted, "paused": paused}
     metrics = Metrics()
-    metrics.set_engine_state(eng, 0)
-    metrics.set_engine_state(eng, 0)   # counts already exported are not added again
-    text = metrics.render().decode()
-    assert f'sonarspec_spec_engine_steps_total{{kind="paused"}} {float(paused)}' in text
-    assert f'sonarspec_spec_engine_steps_total{{kind="speculating"}} {float(drafted)}' in text
+    metrics.watch(eng, lambda: 0)
+    for _ in range(2):   # read at each scrape, never added twice
+        text = metrics.render().decode()
+        assert f'sonarspec_spec_engine_steps_total{{kind="paused"}} {float(paused)}' in text
+        assert f'sonarspec_spec_engine_steps_total{{kind="speculating"}} {float(drafted)}' in text
+        assert f"sonarspec_kv_pages_in_use {float(eng.kv_cache.num_pages - eng.planner.num_free_pages)}" in text
 
 
 def _record_proposals(llm):

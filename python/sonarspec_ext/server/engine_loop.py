@@ -76,6 +76,11 @@ class EngineLoop:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def num_requests(self) -> int:
+        """Requests in the engine (running or waiting for their first step)."""
+        return len(self._tracked)
+
     def submit(self, prompt_ids: List[int], params: SamplingParams, out: asyncio.Queue,
                loop: asyncio.AbstractEventLoop) -> int:
         """Queues a request (already validated); returns a key for ``abort``."""
@@ -101,7 +106,6 @@ class EngineLoop:
                     self._deliver()
             except Exception as e:   # a failure the engine could not contain: fail what is running
                 self._fail_all(f"{type(e).__name__}: {e}")
-            self.metrics.set_engine_state(self.llm.engine, len(self._tracked))
 
     def _drain(self, block: bool) -> None:
         try:

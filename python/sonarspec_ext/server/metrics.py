@@ -1,9 +1,13 @@
 """Prometheus metrics of the server (``GET /metrics``), with the speculation metrics:
 drafted and accepted tokens, acceptance per draft position, steps that speculated and steps
-that the load control ran plainly."""
+that the load control ran plainly. The engine's state (requests, KV pages, step counts) is
+read when the metrics are scraped, so the engine's steps do no metrics work for it."""
 from __future__ import annotations
 
+from typing import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -12,8 +16,6 @@ class Metrics:
     def __init__(self):
         r = self.registry = CollectorRegistry()
         p = "sonarspec_"
-        self.requests_running = Gauge(p + "requests_running", "Requests in the engine", registry=r)
-        self.requests_waiting = Gauge(p + "requests_waiting", "Requests not yet scheduled", registry=r)
         self.finished = Counter(p + "requests_finished", "Finished requests by reason", ["reason"], registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Generated tokens", registry=r)
@@ -22,8 +24,6 @@ class Metrics:
         self.itl = Histogram(p + "inter_token_latency_seconds", "Time per generated token after the first",
                              buckets=_LATENCY, registry=r)
         self.e2e = Histogram(p + "request_latency_seconds", "Arrival to finish", buckets=_LATENCY, registry=r)
-        self.kv_pages_used = Gauge(p + "kv_pages_in_use", "KV cache pages held by requests", registry=r)
-        self.kv_pages_total = Gauge(p + "kv_pages_total", "KV cache pages", registry=r)
         self.draft_tokens = Counter(p + "spec_draft_tokens", "Draft tokens proposed (finished requests)",
                                     registry=r)
         self.accepted_tokens = Counter(p + "spec_accepted_tokens", "Draft tokens accepted (finished requests)",
@@ -35,11 +35,11 @@ class Metrics:
                                    ["position"], registry=r)
         self.acceptance_length = Gauge(p + "spec_acceptance_length",
                                        "Tokens per decode step over finished requests (tau)", registry=r)
-        self.engine_steps = Counter(p + "spec_engine_steps", "Engine steps with decoding sequences: drafted "
-                                    "(speculating) or run plainly by the load control (paused)", ["kind"],
-                                    registry=r)
-        self._engine_steps = {}   # the engine's counts already exported
         self._steps = self._accepted = 0
+
+    def watch(self, engine, num_requests: Callable[[], int]) -> None:
+        """Exports ``engine``'s state at each scrape; ``num_requests``: requests in the engine."""
+        self.registry.register(_EngineState(engine, num_requests))
 
     def record_finished(self, done, latency_s: float) -> None:
         self.finished.labels(reason=done.finish_reason).inc()
@@ -56,16 +56,26 @@ class Metrics:
         if self._steps:
             self.acceptance_length.set((self._accepted + self._steps) / self._steps)
 
-    def set_engine_state(self, engine, tracked: int) -> None:
-        planner = engine.planner
-        self.requests_running.set(tracked)
-        self.requests_waiting.set(planner.num_waiting)
-        total = engine.kv_cache.num_pages
-        self.kv_pages_total.set(total)
-        self.kv_pages_used.set(total - planner.num_free_pages)
-        for kind, n in engine.decode_steps.items():
-            self.engine_steps.labels(kind=kind).inc(n - self._engine_steps.get(kind, 0))
-            self._engine_steps[kind] = n
-
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _EngineState:
+    """The engine's requests, KV pages and step counts, read at each scrape (the planner's
+    counts are thread safe; the step counts are plain integers the engine thread updates)."""
+
+    def __init__(self, engine, num_requests: Callable[[], int]):
+        self.engine, self.num_requests = engine, num_requests
+
+    def collect(self):
+        p, planner, total = "sonarspec_", self.engine.planner, self.engine.kv_cache.num_pages
+        yield GaugeMetricFamily(p + "requests_running", "Requests in the engine", value=self.num_requests())
+        yield GaugeMetricFamily(p + "requests_waiting", "Requests not yet scheduled", value=planner.num_waiting)
+        yield GaugeMetricFamily(p + "kv_pages_in_use", "KV cache pages held by requests",
+                                value=total - planner.num_free_pages)
+        yield GaugeMetricFamily(p + "kv_pages_total", "KV cache pages", value=total)
+        steps = CounterMetricFamily(p + "spec_engine_steps", "Engine steps with decoding sequences: drafted "
+                                    "(speculating) or run plainly by the load control (paused)", labels=["kind"])
+        for kind, n in dict(self.engine.decode_steps).items():
+            steps.add_metric([kind], n)
+        yield steps

@@ -5,6 +5,7 @@ its choices aborted."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -101,9 +102,17 @@ async def _whole(request, loop, choices, rid, model_name, chat, token_text):
     return completion_body(rid, model_name, bodies, _usage(choices, dones), chat, _spec(dones))
 
 
-async def _stream(request, loop, choices, req, rid, model_name, chat, token_text):
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    created = int(time.time())
+async def _tagged(loop: EngineLoop, choices: Sequence[Choice], request: Request):
+    """Yields (choice index, event) as the choices' events come, and (i, None) when choice
+    i's events have ended: one choice's straight from its queue, several through a merged
+    queue fed by a task each."""
+    if len(choices) == 1:
+        ids, params, _ = choices[0]
+        async with contextlib.aclosing(events(loop, ids, params, request)) as evs:
+            async for ev in evs:
+                yield 0, ev
+        yield 0, None
+        return
     merged: asyncio.Queue = asyncio.Queue()
 
     async def pump(i, ids, params):
@@ -114,15 +123,27 @@ async def _stream(request, loop, choices, req, rid, model_name, chat, token_text
             await merged.put((i, None))   # this choice's stream has ended
     tasks = [asyncio.create_task(pump(i, ids, params)) for i, (ids, params, _) in enumerate(choices)]
     try:
-        for i in range(len(choices)):
-            yield _sse(chunk_body(rid, model_name, created, chat, text="" if chat else None, role=True, index=i))
-        offsets = [0] * len(choices)   # completions' text_offset of each choice's next token
-        dones: List[Done] = [None] * len(choices)
-        open_streams = len(choices)
-        while open_streams:
-            i, ev = await merged.get()
+        while True:
+            yield await merged.get()
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _stream(request, loop, choices, req, rid, model_name, chat, token_text):
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    created = int(time.time())
+    for i in range(len(choices)):
+        yield _sse(chunk_body(rid, model_name, created, chat, text="" if chat else None, role=True, index=i))
+    offsets = [0] * len(choices)   # completions' text_offset of each choice's next token
+    dones: List[Done] = [None] * len(choices)
+    open_streams = len(choices)
+    async with contextlib.aclosing(_tagged(loop, choices, request)) as tagged:
+        async for i, ev in tagged:
             if ev is None:
                 open_streams -= 1
+                if not open_streams:
+                    break
             elif isinstance(ev, Delta):
                 lp = logprobs_body(ev.logprobs, token_text, chat, offsets[i]) if ev.logprobs else None
                 if lp is not None and not chat:
@@ -135,16 +156,13 @@ async def _stream(request, loop, choices, req, rid, model_name, chat, token_text
             else:
                 dones[i] = ev
                 yield _sse(chunk_body(rid, model_name, created, chat, reason=ev.finish_reason, index=i))
-        if any(d is None for d in dones):   # the client left
-            return
-        if include_usage:
-            body = chunk_body(rid, model_name, created, chat)
-            body["choices"], body["usage"] = [], _usage(choices, dones)
-            yield _sse(body)
-        yield "data: [DONE]\n\n"
-    finally:
-        for t in tasks:
-            t.cancel()
+    if any(d is None for d in dones):   # the client left
+        return
+    if include_usage:
+        body = chunk_body(rid, model_name, created, chat)
+        body["choices"], body["usage"] = [], _usage(choices, dones)
+        yield _sse(body)
+    yield "data: [DONE]\n\n"
 
 
 def _sse(body: Dict[str, Any]) -> str:
