@@ -113,13 +113,14 @@ template <typename KV>
 AVX2_ATTR void update_chunk(const float* const* qs, const KV* k_pool, const KV* v_pool, const int64_t* slots, int n,
                             int64_t row, int64_t kv_off, int64_t head_dim, int group, float scale, float* m, float* l,
                             float* const* o, const ChunkAhead& ahead) {
+  if (n < 1 || n > kChunk) return;   // callers pass 1 .. kChunk keys
   const KV* k[kChunk];
   const KV* v[kChunk];
-  for (int c = 0; c < n; ++c) {
-    k[c] = k_pool + slots[c] * row + kv_off;
-    v[c] = v_pool + slots[c] * row + kv_off;
+  for (int c = 0; c < kChunk; ++c) {   // past n: the first key's row (a valid one), its score masked
+    const int64_t slot = slots[c < n ? c : 0];
+    k[c] = k_pool + slot * row + kv_off;
+    v[c] = v_pool + slot * row + kv_off;
   }
-  for (int c = n; c < kChunk; ++c) k[c] = k[0];   // past n: a valid row, its score masked
   const int passes = (group + kPass - 1) / kPass;
   for (int g = 0, p = 0; g < group; g += kPass, ++p) {
     switch (std::min(kPass, group - g)) {
