@@ -2,6 +2,7 @@
 speed and acceptance; ``chat_turn`` also serves ``sonarspec generate --chat``."""
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import Callable, List, Optional, TextIO
@@ -9,7 +10,10 @@ from typing import Callable, List, Optional, TextIO
 from .llm import LLM
 from .params import SamplingParams
 
-HELP = "commands: /reset (new conversation), /exit (or Ctrl-D)"
+HELP = "commands: /reset (new conversation), /exit (or Ctrl-D), /help"
+# a line that is one slash word (``/reset``, ``/hepl``) is a command, never sent to the model;
+# a message that merely starts with a slash (``/etc/hosts lists ...``) is
+_COMMAND = re.compile(r"/[A-Za-z?]+")
 
 
 def chat_turn(llm: LLM, messages: List[dict], params: SamplingParams, out: TextIO = sys.stdout,
@@ -71,6 +75,9 @@ def run_chat(llm: LLM, params: SamplingParams, system: Optional[str] = None,
         if text == "/reset":
             messages = list(base)
             err.write("(new conversation)\n")
+            continue
+        if _COMMAND.fullmatch(text):
+            err.write(("" if text in ("/help", "/?") else f"unknown command {text}; ") + HELP + "\n")
             continue
         messages.append({"role": "user", "content": line})
         messages = fit_history(llm, messages, params.max_tokens)

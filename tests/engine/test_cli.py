@@ -11,6 +11,7 @@ import pytest
 from helpers.models import CHATML
 
 from sonarspec_ext import LLM, SamplingParams
+from sonarspec_ext.chat_cli import HELP
 
 
 def run_cli(*args):
@@ -175,10 +176,11 @@ def test_chat_and_generate_chat_on_a_gguf_file(tmp_path):
     path = write_gguf(hf, str(tmp_path / "chat.gguf"), chat_template=CHATML)
     ref = LLM(path).chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=6, temperature=0))[0]
     r = subprocess.run([sys.executable, "-m", "sonarspec_ext.cli", "chat", "--model", path, "--max-tokens", "6"],
-                       input="hi\n/reset\nhi\n/exit\n", capture_output=True, text=True, timeout=300)
+                       input="hi\n/reset\n/help\n/hlep\nhi\n/exit\n", capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count(ref.text) >= 2 and "(new conversation)" in r.stderr
-    assert r.stderr.count(f"[{len(ref.token_ids)} tokens in") == 2 and "tok/s" in r.stderr
+    assert r.stderr.count(f"[{len(ref.token_ids)} tokens in") == 2 and "tok/s" in r.stderr   # commands get no reply
+    assert r.stderr.count(HELP) == 3 and f"unknown command /hlep; {HELP}" in r.stderr   # start, /help, /hlep
     r = run_cli("generate", "hi", "--chat", "--model", path, "--max-tokens", "6", "--spec", "none")
     assert r.returncode == 0, r.stderr
     assert r.stdout.rstrip("\n") == ref.text
