@@ -100,6 +100,9 @@ def test_concurrent_clients_share_batches_and_get_their_own_answers(server):
     ({"prompt": "x", "logit_bias": {"12": 101}}, 400, "logit_bias"),
     ({"prompt": "x", "logit_bias": {"-3": 1}}, 400, "logit_bias"),
     ({"prompt": "x", "logit_bias": {"1000000": 1}}, 400, "logit_bias"),
+    ({"prompt": "x", "echo": True}, 400, "echo"),
+    ({"prompt": "x", "best_of": 3}, 400, "best_of must equal n"),
+    ({"prompt": "x", "suffix": " end"}, 400, "suffix"),
 ])
 def test_bad_requests_get_openai_errors_and_serving_goes_on(server, body, status, words):
     url = server[0]
@@ -118,6 +121,19 @@ def test_bad_json_bad_messages_and_api_keys(server):
     assert r.status_code == 400 and "temperature" in r.json()["error"]["message"]
     r = _post(url, "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]})
     assert r.status_code == 400 and "role" in r.json()["error"]["message"]
+    hi = [{"role": "user", "content": "hi"}]
+    for extra, field in (({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                         ({"tool_choice": "required"}, "tool_choice"),
+                         ({"response_format": {"type": "json_object"}}, "response_format")):
+        r = _post(url, "/v1/chat/completions", {"messages": hi, "max_tokens": 2, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        assert "not supported" in r.json()["error"]["message"]
+    # the same fields at OpenAI's defaults, as clients send them, are served
+    r = _post(url, "/v1/chat/completions", {"messages": hi, "max_tokens": 2, "tools": [], "tool_choice": "none",
+                                            "parallel_tool_calls": True, "response_format": {"type": "text"}})
+    assert r.status_code == 200, r.text
+    r = _post(url, "/v1/completions", {"prompt": "x", "max_tokens": 2, "echo": False, "best_of": 1, "suffix": None})
+    assert r.status_code == 200, r.text
     assert _post(url, "/v1/completions", {"prompt": "x"}, key=None).status_code == 401
     assert _post(url, "/v1/completions", {"prompt": "x"}, key="wrong").status_code == 401
     assert httpx.get(url + "/health").status_code == 200          # no key needed outside /v1

@@ -18,7 +18,7 @@ from ..llm import LLM
 from ..params import SamplingParams
 from .engine_loop import EngineLoop
 from .metrics import Metrics
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, unsupported
 from .responses import Choice, error_response as _error, respond
 
 
@@ -161,6 +161,9 @@ async def _parse(request: Request, model, limits: ServerLimits, model_name: str)
                          status=404, param="model", kind="not_found_error")
     if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None and not req.logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    problem = unsupported(req)
+    if problem is not None:
+        raise BadRequest(problem[1], param=problem[0])
     return req
 
 

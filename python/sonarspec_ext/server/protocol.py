@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +35,10 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     prompt: Union[str, List[int], List[str], List[List[int]]]   # one prompt, or a list of them
     logprobs: Optional[int] = Field(default=None, ge=0, le=5)   # alternatives per token, as OpenAI allows
+    # OpenAI fields served only at their defaults (clients send them so): see ``unsupported``
+    echo: bool = False
+    best_of: Optional[int] = Field(default=None, ge=1)
+    suffix: Optional[str] = None
 
 
 class ChatMessage(BaseModel):
@@ -48,6 +52,32 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    # OpenAI fields served only at their defaults (clients send them so): see ``unsupported``
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
+    response_format: Optional[Dict[str, Any]] = None
+
+
+def unsupported(req: Union[CompletionRequest, ChatCompletionRequest]) -> Optional[Tuple[str, str]]:
+    """(field, message) for an OpenAI field set to something this server does not do - the
+    request is then a 400 naming it; None when every such field has its neutral value
+    (echo false, best_of equal to n, an empty suffix, no tools, text responses)."""
+    if isinstance(req, CompletionRequest):
+        if req.echo:
+            return "echo", "echo (the prompt repeated in the completion) is not supported"
+        if req.best_of is not None and req.best_of != req.n:
+            return "best_of", f"best_of must equal n ({req.n}): choices are not ranked on the server"
+        if req.suffix:
+            return "suffix", "suffix (text inserted after the completion) is not supported"
+        return None
+    if req.tools:
+        return "tools", "tool calling is not supported"
+    if req.tool_choice not in (None, "none", "auto"):
+        return "tool_choice", "tool calling is not supported (tool_choice may only be 'none' or 'auto')"
+    if req.response_format is not None and req.response_format.get("type") != "text":
+        return "response_format", "structured output is not supported (response_format may only be {'type': 'text'})"
+    return None
 
 
 def logprobs_body(entries: Optional[list], token_text, chat: bool, offset: int = 0) -> Optional[Dict[str, Any]]:
