@@ -12,7 +12,7 @@ from .params import SamplingParams
 
 HELP = "commands: /reset (new conversation), /exit (or Ctrl-D), /help"
 # a line that is one slash word (``/reset``, ``/hepl``) is a command, never sent to the model;
-# a message that merely starts with a slash (``/etc/hosts lists ...``) is
+# a line that merely starts with a slash (``/etc/hosts lists ...``) is a message
 _COMMAND = re.compile(r"/[A-Za-z?]+")
 
 
