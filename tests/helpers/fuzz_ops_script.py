@@ -10,8 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sonarspec_ext import ops
+from sonarspec_ext.ops import elementwise
 from sonarspec_ext.testing.reference import (chain_speculative_sampling_reference, kv_store_reference,
-                                         paged_attention_reference, shifted_scatter_reference)
+                                         paged_attention_reference, shifted_scatter_reference,
+                                         tree_speculative_sampling_reference)
 
 EXAMPLES = int(sys.argv[1]) if len(sys.argv) > 1 else 150
 SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, deadline=None,
@@ -170,6 +172,61 @@ def fuzz_chain_speculative_sampling(B, K, V, ids, point_mass, int32, dev):
         assert all(torch.equal(a, b) for a, b in zip(out, ref))
     ok = refused_or(lambda: ops.chain_speculative_sampling(q, d, p, uniforms=u), check)
     assert ok or not valid, "refused valid drafts"
+
+
+
+@SETTINGS
+@given(B=st.integers(0, 3), N=st.integers(0, 5), V=st.integers(0, 5), cands=st.lists(index(-2, 6), min_size=15,
+                                                                                     max_size=15),
+       links=st.lists(st.integers(-2, 6), min_size=30, max_size=30), point_mass=st.booleans(), dev=device())
+def fuzz_tree_speculative_sampling(B, N, V, cands, links, point_mass, dev):
+    g = torch.Generator().manual_seed(B * 31 + N * 7 + V)
+    p = torch.rand(B, N, V, generator=g) + 1e-3
+    p = (p / p.sum(-1, keepdim=True)).to(dev)
+    q = None if point_mass else (lambda r: (r / r.sum(-1, keepdim=True)).to(dev))(torch.rand(B, N, V, generator=g) + 1e-3)
+    u = torch.rand(B, N + 1, generator=g, dtype=torch.float64).to(dev)
+    rows = lambda values: [values[b * N:(b + 1) * N] for b in range(B)]   # noqa: E731
+    c_rows, fc_rows, ns_rows = rows(cands), rows(links[:15]), rows(links[15:])
+    c, fc, ns = (torch.tensor(r, dtype=torch.int64).view(B, N).to(dev) for r in (c_rows, fc_rows, ns_rows))
+    later = all(x == -1 or i < x < N for r in fc_rows + ns_rows for i, x in enumerate(r))
+    valid = dev == "cpu" and N >= 1 and V >= 1 and later and all(0 <= x < V for r in c_rows for x in r[1:])
+
+    def check(out):
+        assert valid, "accepted an invalid tree"
+        ref = tree_speculative_sampling_reference(c, fc, ns, p, q, u)
+        assert all(torch.equal(a, b) for a, b in zip(out, ref))
+    ok = refused_or(lambda: ops.tree_speculative_sampling(c, fc, ns, p, q, uniforms=u), check)
+    assert ok or not valid, "refused a valid tree"
+
+
+@SETTINGS
+@given(T=st.integers(0, 4), H=st.integers(1, 3), D=st.integers(0, 9), wrong=st.integers(0, 4), dev=device())
+def fuzz_elementwise(T, H, D, wrong, dev):
+    """rms_norm, silu_and_mul and apply_rope against their torch formulas; a wrong weight,
+    odd width or cos / sin shape refused."""
+    g = torch.Generator().manual_seed(T * 100 + H * 10 + D)
+    x = torch.randn(T, H, D, generator=g).to(dev)
+    w = torch.randn(D + (wrong == 1), generator=g).to(dev)
+    cos, sin = (torch.randn(T + (wrong == 2), 1, D // 2, generator=g).to(dev) for _ in range(2))
+
+    def close(a, b):
+        if dev == "cpu":
+            assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+    refused_or(lambda: elementwise.rms_norm(x, w, 1e-6), lambda out: close(
+        out, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w) if wrong != 1 else None)
+    assert wrong == 1 or refused_or(lambda: elementwise.rms_norm(x, w, 1e-6), lambda out: None), "refused rms_norm"
+
+    def silu_ref(out):
+        assert D % 2 == 0, "accepted an odd width"
+        gate, up = x.chunk(2, dim=-1) if D else (x, x)
+        close(out, torch.nn.functional.silu(gate) * up)
+    assert refused_or(lambda: elementwise.silu_and_mul(x), silu_ref) or D % 2, "refused an even width"
+
+    def rope_ref(out):
+        assert D % 2 == 0 and wrong != 2, "accepted a wrong shape"
+        x1, x2 = x.chunk(2, dim=-1) if D else (x, x)
+        close(out, torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+    assert refused_or(lambda: elementwise.apply_rope(x, cos, sin), rope_ref) or D % 2 or wrong == 2, "refused rope"
 
 
 if __name__ == "__main__":

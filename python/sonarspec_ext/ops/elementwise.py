@@ -31,7 +31,7 @@ def _launch(op: int, x: torch.Tensor, out: torch.Tensor, rows: int, n: int, w=No
 
 
 def _native(x: torch.Tensor, *others: torch.Tensor) -> bool:
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() >= 1
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() >= 1 and x.numel() > 0
             and x.numel() <= NATIVE_MAX_ROWS * x.shape[-1] and x.is_contiguous()
             and all(t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu" for t in others)
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in (x,) + others)))
@@ -42,11 +42,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     rounded to it before the weight multiplies, as the reference Llama RMSNorm; float32:
     no rounding). CUDA tensors with a weight of their dtype: one launch; float32 CPU
     inputs: native or ``F.rms_norm``."""
-    if on_cuda(x, weight) and weight.shape == x.shape[-1:] and x.is_contiguous() and x.numel():
+    if x.dim() == 0 or weight.shape != x.shape[-1:]:
+        raise ValueError(f"rms_norm takes a weight of shape {list(x.shape[-1:])} for x of shape {list(x.shape)}, "
+                         f"got {list(weight.shape)}")
+    if on_cuda(x, weight) and x.is_contiguous() and x.numel():
         out = torch.empty_like(x)
         _launch(_RMS_NORM, x, out, x.numel() // x.shape[-1], x.shape[-1], w=weight, eps=eps)
         return out
-    if not _native(x, weight) or weight.shape != x.shape[-1:]:
+    if not _native(x, weight):
         return F.rms_norm(x, weight.shape, weight, eps)
     out = torch.empty_like(x)
     _C.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps)
@@ -55,8 +58,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x (..., 2n) = [gate | up] -> silu(gate) * up (..., n)."""
+    if x.dim() == 0 or x.shape[-1] % 2:
+        raise ValueError(f"silu_and_mul takes [gate | up] rows of even width, got shape {list(x.shape)}")
     n = x.shape[-1] // 2
-    if on_cuda(x) and x.is_contiguous() and x.numel() and x.shape[-1] % 2 == 0:
+    if on_cuda(x) and x.is_contiguous() and x.numel():
         out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
         _launch(_SILU_AND_MUL, x, out, x.numel() // x.shape[-1], n)
         return out
@@ -71,7 +76,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE: x (num_tokens, num_heads, head_dim); cos, sin (num_tokens, 1,
     head_dim // 2)."""
-    if not _native(x, cos, sin) or cos.numel() * 2 != x.shape[0] * x.shape[-1]:
+    if x.dim() != 3 or x.shape[-1] % 2 or cos.shape != (x.shape[0], 1, x.shape[-1] // 2) or sin.shape != cos.shape:
+        raise ValueError(f"apply_rope takes x (tokens, heads, even head_dim) and cos, sin (tokens, 1, head_dim / 2), "
+                         f"got {list(x.shape)}, {list(cos.shape)}, {list(sin.shape)}")
+    if not _native(x, cos, sin):
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     out = torch.empty_like(x)

@@ -96,6 +96,9 @@ def tree_speculative_sampling(candidates: torch.Tensor, first_child: torch.Tenso
     """
     check_tensor("target_probs", target_probs, dtypes=_PROB_DTYPES, ndim=3)
     B, N, V = target_probs.shape
+    if N < 1 or V < 1:
+        raise ValueError(f"target_probs has shape {list(target_probs.shape)}: a tree has at least its root "
+                         f"node and the vocabulary at least one token")
     dev = target_probs.device
     for name, t in (("candidates", candidates), ("first_child", first_child), ("next_sibling", next_sibling)):
         check_tensor(name, t, dtypes=(torch.int64,), ndim=2, device=dev)
