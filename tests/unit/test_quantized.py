@@ -209,6 +209,8 @@ def test_bad_shapes_and_formats_raise():
         QuantizedMatrix(torch.zeros(10, dtype=torch.uint8), "q4_0", (16, 64))
     with pytest.raises(ValueError, match="blocks of a matrix"):
         QuantizedMatrix.from_blocks(np.zeros((4, 30), dtype=np.uint8), "q4_1", 64)
+    with pytest.raises(ValueError, match="unknown quantized format 'bf16'"):
+        QuantizedMatrix.from_blocks(np.zeros((4, 128), dtype=np.uint8), "bf16", 64)
     qm = QuantizedMatrix.quantize(torch.randn(16, 64), "q4_1")
     with pytest.raises(ValueError, match="features"):
         kernel_linear(torch.randn(2, 32), qm)

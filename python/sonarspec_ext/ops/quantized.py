@@ -100,6 +100,8 @@ class QuantizedMatrix:
     @classmethod
     def from_blocks(cls, blocks: np.ndarray, fmt: str, k: int) -> "QuantizedMatrix":
         """From GGUF blocks: (n, k // block columns * block bytes) uint8, each row's blocks in order."""
+        if fmt not in _FORMATS:
+            raise ValueError(f"unknown quantized format {fmt!r}; supported: {', '.join(QUANTIZED_FORMATS)}")
         spec = _FORMATS[fmt]
         n, nb = blocks.shape[0], k // spec.columns
         if k % spec.columns or blocks.dtype != np.uint8 or blocks.shape[1:] != (nb * spec.block_bytes,):
