@@ -36,6 +36,12 @@ void round_rows_scalar(const float* x, uint16_t* xb, int64_t m, int64_t k, int64
 }  // namespace
 
 #if defined(__x86_64__)
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() / _mm256_undefined_*()
+// (self-initialised variables), which -Wmaybe-uninitialized and -Wuninitialized report
+// inside the intrinsic headers once inlined into the kernels below.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #define BF16_ATTR __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512bf16")))
 
 namespace {
@@ -112,10 +118,6 @@ BF16_ATTR void pass(const uint16_t* xb, int64_t ldx, const uint16_t* w, float* y
   }
 }
 
-// GCC 12's AVX-512 shift and narrowing intrinsics start from _mm512_undefined_epi32(),
-// which -Wmaybe-uninitialized reports inside the intrinsic headers.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 BF16_ATTR void round_rows_simd(const float* x, uint16_t* xb, int64_t m, int64_t k, int64_t ldx) {
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
   const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
@@ -135,7 +137,6 @@ BF16_ATTR void round_rows_simd(const float* x, uint16_t* xb, int64_t m, int64_t 
     std::memset(out + k, 0, sizeof(uint16_t) * (ldx - k));
   }
 }
-#pragma GCC diagnostic pop
 
 }  // namespace
 
@@ -171,6 +172,7 @@ void round_rows_to_bf16(const float* x, uint16_t* xb, int64_t m, int64_t k, int6
   }
 }
 
+#pragma GCC diagnostic pop
 #else
 
 bool bf16_dot_available() { return false; }
