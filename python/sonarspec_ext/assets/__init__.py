@@ -55,6 +55,9 @@ def installed_model(name: str) -> str:
 def resolve(model: str, default_name: str) -> str:
     """``"default"`` -> the packaged model ``default_name``; ``"smollm2"`` -> the installed
     GGUF file; anything else is a model directory or a GGUF file."""
+    if not isinstance(model, (str, os.PathLike)):
+        raise ValueError(f"model must be a model name, a directory or a GGUF file path, got {type(model).__name__}")
+    model = os.fspath(model)
     if model == "default":
         return path(default_name)
     if model in INSTALLED_MODELS:
