@@ -20,6 +20,14 @@ def positive_int(text: str) -> int:
     return v
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port, 1..65535."""
+    v = positive_int(text)
+    if v > 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is at most 65535, got {v}")
+    return v
+
+
 def _probability(text: str) -> float:
     """argparse type: a number in [0, 1)."""
     try:
@@ -212,7 +220,7 @@ def _add_serve(sub) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
     _add_model_args(s, max_tokens=16, temperature=1.0)
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
-    s.add_argument("--port", type=positive_int, default=8000)
+    s.add_argument("--port", type=_port, default=8000)
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every /v1 route")
     s.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
     s.add_argument("--max-prompt-tokens", type=positive_int, default=None, help="longest prompt accepted")

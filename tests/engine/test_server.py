@@ -200,6 +200,9 @@ def test_sonarspec_serve_command(tmp_path):
         proc.terminate()
         _, err = proc.communicate(timeout=60)
     assert f"http://127.0.0.1:{port}/v1" in err
+    r = subprocess.run([sys.executable, "-m", "sonarspec_ext.cli", "serve", "--model", "default", "--port", "99999"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "a TCP port is at most 65535, got 99999" in r.stderr
 
 
 def _rss_mb() -> float:
