@@ -28,6 +28,13 @@ def _port(text: str) -> int:
     return v
 
 
+def _api_key(text: str) -> str:
+    """argparse type: a non-empty key (an empty one would guard nothing)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty (an unset variable?); leave --api-key out to serve without a key")
+    return text
+
+
 def _probability(text: str) -> float:
     """argparse type: a number in [0, 1)."""
     try:
@@ -221,7 +228,8 @@ def _add_serve(sub) -> None:
     _add_model_args(s, max_tokens=16, temperature=1.0)
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
     s.add_argument("--port", type=_port, default=8000)
-    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every /v1 route")
+    s.add_argument("--api-key", type=_api_key, default=None,
+                   help="require 'Authorization: Bearer KEY' on every /v1 route")
     s.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
     s.add_argument("--max-prompt-tokens", type=positive_int, default=None, help="longest prompt accepted")
     s.add_argument("--max-tokens-limit", type=positive_int, default=4096, help="largest max_tokens accepted")

@@ -203,6 +203,12 @@ def test_sonarspec_serve_command(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sonarspec_ext.cli", "serve", "--model", "default", "--port", "99999"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "a TCP port is at most 65535, got 99999" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "sonarspec_ext.cli", "serve", "--model", "default", "--api-key", ""],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--api-key: is empty" in r.stderr
+    from sonarspec_ext.server.app import create_app
+    with pytest.raises(ValueError, match="api_key must be a non-empty string"):
+        create_app(None, "default", api_key=" ")
 
 
 def _rss_mb() -> float:

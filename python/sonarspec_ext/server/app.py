@@ -65,6 +65,9 @@ class _Guard:
 def create_app(llm: LLM, model_name: str, api_key: Optional[str] = None,
                limits: Optional[ServerLimits] = None) -> FastAPI:
     """The app; its engine thread starts with the app and stops with it."""
+    if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+        # an empty key would let every request through (an unset variable in --api-key "$KEY")
+        raise ValueError("api_key must be a non-empty string (None: no key)")
     limits = limits or ServerLimits()
     metrics = Metrics()
     loop = EngineLoop(llm, metrics)
