@@ -140,6 +140,36 @@ def test_bad_json_bad_messages_and_api_keys(server):
     assert httpx.get(url + "/v1/models").status_code == 401
 
 
+def test_a_chunked_body_past_the_limit_is_a_413_before_it_is_all_read(server):
+    """Without a Content-Length the guard cannot see the size: the handler stops reading at the
+    limit (20 000 bytes here) - a body of 64 MB is answered without being held in memory."""
+    url = server[0]
+
+    def chunks():
+        yield b'{"prompt": "x", "user": "'
+        for _ in range(64):
+            yield b" " * (1 << 20)
+        yield b'"}'
+    r = httpx.post(url + "/v1/completions", content=chunks(), timeout=60,
+                   headers={"Authorization": f"Bearer {KEY}", "content-type": "application/json"})
+    assert r.status_code == 413 and "larger than 20000 bytes" in r.json()["error"]["message"]
+    assert _post(url, "/v1/completions", {"prompt": "ok", "max_tokens": 2}).status_code == 200
+
+    # the read itself: no chunk is taken past the one that crosses the limit
+    import asyncio
+    from starlette.requests import Request
+    from sonarspec_ext.server.app import BadRequest, _body
+    taken = []
+
+    async def receive():
+        taken.append(1)
+        return {"type": "http.request", "body": b"x" * 1000, "more_body": len(taken) < 1000}
+    request = Request({"type": "http", "method": "POST", "headers": []}, receive)
+    with pytest.raises(BadRequest, match="larger than 2500 bytes"):
+        asyncio.run(_body(request, 2500))
+    assert len(taken) == 3
+
+
 @pytest.mark.parametrize("path,raw,words", [
     ("/v1/completions", b'{"prompt": "\\ud800 x", "max_tokens": 2}', "not valid Unicode"),
     ("/v1/completions", b'{"prompt": ["ok", "\\udfff"], "max_tokens": 2}', "not valid Unicode"),

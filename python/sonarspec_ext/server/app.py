@@ -143,10 +143,20 @@ def _describe(errors) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, read until it passes ``limit`` bytes (then a 413): a body sent in
+    chunks has no Content-Length for the guard to check."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(f"request body larger than {limit} bytes", status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def _parse(request: Request, model, limits: ServerLimits, model_name: str):
-    body = await request.body()
-    if len(body) > limits.max_body_bytes:
-        raise BadRequest(f"request body larger than {limits.max_body_bytes} bytes", status=413)
+    body = await _body(request, limits.max_body_bytes)
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
