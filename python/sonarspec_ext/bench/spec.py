@@ -161,7 +161,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
             tok_s = len(prompts) * max_tokens / statistics.median(times[name])
             rows.append({"batch_size": bs, "scheme": name, "tok_s": round(tok_s, 1),
                          "speedup": round(tok_s / base, 3), "tau": round(s["acceptance_length"], 3),
-                         "round_s": [round(t, 3) for t in times[name]],
+                         "round_s": [round(t, 6) for t in times[name]],
                          "accepted_per_position": [round(a, 3) for a in s["accepted_per_position"]],
                          **({} if sampled else {"greedy_agreement": f"{agree[name]}/{len(ref)}"}),
                          **({k: s["adaptive_speculation"][k] for k in ("speculating_steps", "plain_steps")}
