@@ -1,13 +1,13 @@
 #!/usr/bin/env python
-"""Where a step's time goes, on the packaged models or ``--model`` (batch 1, greedy, one prompt at a
-time): per scheme, the engine's time split per step and the wall time per step inside
+"""Where a step's time goes, on the packaged models or ``--model`` (batch 1, greedy or with
+``--temperature`` sampled and seeded per prompt, one prompt at a time): per scheme, the engine's time split per step and the wall time per step inside
 the native calls - the target's decoder stack, the target's lm_head, the drafter's
 refills (``rows_forward``), chains (``chain``) and refills run with their next chain
 (``refill_chain``) - and outside them (Python: planning
 hand-off, metadata, packing, verification, bookkeeping). Schemes run in interleaved
 rounds; medians per step.
 
-    python tools/profile_spec.py [--schemes plain mtp:3 draft_target:2] [--rounds 3] [--json PATH]
+    python tools/profile_spec.py [--schemes plain mtp:3 draft_target:2] [--rounds 3] [--temperature T] [--json PATH]
 
 Schemes: ``plain``, ``METHOD:K``, ``eagle_tree:DEPTH:TOP_K:NODES``; ``@FORMAT`` after one
 quantizes the drafter at load (``mtp:3@q8_0``).
@@ -60,14 +60,16 @@ def main() -> None:
     ap.add_argument("--schemes", nargs="+", default=["plain", "mtp:3", "draft_target:2"])
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--temperature", type=float, default=0.0, help="sample at T, prompt i with seed i (0: greedy)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     _instrument()
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    params = [SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=i, ignore_eos=True)
+              for i in range(len(PROMPTS))]
     llms = {}
     for scheme in args.schemes:
         llms[scheme] = LLM(args.model, spec=scheme_config(scheme))
-        llms[scheme].generate(PROMPTS[:2], params)   # warm-up
+        llms[scheme].generate(PROMPTS[:2], params[:2])   # warm-up
     rows = collections.defaultdict(list)
     for r in range(args.rounds):
         for scheme, llm in rotated(llms.items(), r):
@@ -76,8 +78,8 @@ def main() -> None:
             steps0 = eng.num_steps
             _spent.clear()
             t0 = time.perf_counter()
-            for p in PROMPTS:
-                llm.generate([p], params)
+            for p, sp in zip(PROMPTS, params):
+                llm.generate([p], sp)
             wall = time.perf_counter() - t0
             n = eng.num_steps - steps0
             native = {k: v / n * 1e6 for k, v in _spent.items()}
@@ -102,6 +104,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"threads": torch.get_num_threads(), "cpu": cpu_info(), "max_tokens": args.max_tokens, "rounds": args.rounds,
+                       "temperature": args.temperature,
                        "prompts": len(PROMPTS), "schemes": out}, fh, indent=1)
 
 
