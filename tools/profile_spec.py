@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Where a step's time goes, on the packaged models or ``--model`` (batch 1, greedy or with
-``--temperature`` sampled and seeded per prompt, one prompt at a time): per scheme, the engine's time split per step and the wall time per step inside
-the native calls - the target's decoder stack, the target's lm_head, the drafter's
+``--temperature`` sampled and seeded per prompt, one prompt at a time): per scheme, the
+engine's time split per step and the wall time per step inside the native calls - the
+target's decoder stack, the target's lm_head, the drafter's
 refills (``rows_forward``), chains (``chain``) and refills run with their next chain
 (``refill_chain``) - and outside them (Python: planning
 hand-off, metadata, packing, verification, bookkeeping). Schemes run in interleaved

@@ -20,12 +20,7 @@
 namespace sonarspec {
 
 #if defined(__x86_64__)
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() / _mm256_undefined_*()
-// (self-initialised variables), which -Wmaybe-uninitialized and -Wuninitialized report
-// inside the intrinsic headers once inlined into the kernels below.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+SONARSPEC_INTRINSIC_WARNINGS_OFF
 namespace {
 
 #define AVX512_ATTR __attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq")))
@@ -234,7 +229,7 @@ ChunkUpdateBF16 chunk_update_bf16_avx512(int64_t head_dim) {
   return suits(head_dim) ? update_chunk<uint16_t> : nullptr;
 }
 
-#pragma GCC diagnostic pop
+SONARSPEC_INTRINSIC_WARNINGS_ON
 #else
 
 ChunkUpdate chunk_update_avx512(int64_t) { return nullptr; }

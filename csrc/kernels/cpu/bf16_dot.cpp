@@ -36,12 +36,7 @@ void round_rows_scalar(const float* x, uint16_t* xb, int64_t m, int64_t k, int64
 }  // namespace
 
 #if defined(__x86_64__)
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() / _mm256_undefined_*()
-// (self-initialised variables), which -Wmaybe-uninitialized and -Wuninitialized report
-// inside the intrinsic headers once inlined into the kernels below.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+SONARSPEC_INTRINSIC_WARNINGS_OFF
 #define BF16_ATTR __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512bf16")))
 
 namespace {
@@ -172,7 +167,7 @@ void round_rows_to_bf16(const float* x, uint16_t* xb, int64_t m, int64_t k, int6
   }
 }
 
-#pragma GCC diagnostic pop
+SONARSPEC_INTRINSIC_WARNINGS_ON
 #else
 
 bool bf16_dot_available() { return false; }

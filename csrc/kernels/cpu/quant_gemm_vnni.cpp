@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "quant_kernels.h"
+#include "vec.h"   // SONARSPEC_INTRINSIC_WARNINGS_*
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -14,12 +15,7 @@
 namespace sonarspec {
 
 #if defined(__x86_64__)
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() / _mm256_undefined_*()
-// (self-initialised variables), which -Wmaybe-uninitialized and -Wuninitialized report
-// inside the intrinsic headers once inlined into the kernels below.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+SONARSPEC_INTRINSIC_WARNINGS_OFF
 namespace {
 
 #define QG_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
@@ -268,7 +264,7 @@ void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, Weight
                      int64_t n_begin, int64_t n_end) {
   with_any_format(f, [&](auto fmt) { cols<decltype(fmt)::value>(x, m, w, n, y, n_begin, n_end); });
 }
-#pragma GCC diagnostic pop
+SONARSPEC_INTRINSIC_WARNINGS_ON
 #else
 void quantize_blocks_vnni(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, int32_t* s16,
                           float* ds) {

@@ -11,6 +11,15 @@
 #include <immintrin.h>
 #endif
 
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() / _mm256_undefined_*()
+// (self-initialised variables), which -Wmaybe-uninitialized and -Wuninitialized report
+// inside the intrinsic headers once inlined into a kernel: the AVX-512 kernel files wrap
+// their AVX-512 sections in these.
+#define SONARSPEC_INTRINSIC_WARNINGS_OFF                                                        \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"") \
+      _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+#define SONARSPEC_INTRINSIC_WARNINGS_ON _Pragma("GCC diagnostic pop")
+
 namespace sonarspec {
 
 // bfloat16 (raw bits) -> float32, exact: the bits are the high half of the float's.
