@@ -168,7 +168,8 @@ def _train_mtp(args) -> int:
     info = train_mtp(resolve(args.target, "target"), args.data, args.out, args.work, args.layout, args.seq_len,
                      args.max_windows, args.feature_dtype, args.formats, args.exclude, args.resume, cfg=cfg,
                      draft_vocab_size=args.draft_vocab, export_dtype=args.export_dtype,
-                     quantization=args.quantization, init_from=args.init_from, feature_layers=args.feature_layers)
+                     quantization=args.quantization, init_from=args.init_from, feature_layers=args.feature_layers,
+                     head_layers=args.head_layers)
     print(f"head written to {args.out} ({info['num_params']} parameters)")
     return 0
 
@@ -207,6 +208,9 @@ def _add_train_mtp(sub) -> None:
     t.add_argument("--feature-layers", type=int, nargs="+", default=[],
                    help="target layers (0-based) whose outputs the head reads besides the final states, "
                         "fused into its feature (EAGLE-3 style); the fusion starts at zero")
+    t.add_argument("--head-layers", type=positive_int, default=1,
+                   help="the head's decoder layers (deeper: more capacity, more weights read per drafted "
+                        "token); from a shallower --init-from head the added layers start as identities")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--resume", action="store_true")
     t.set_defaults(func=_train_mtp)

@@ -12,12 +12,12 @@ from sonarspec_ext.models.mtp_loader import save_mtp_head
 
 
 def random_head(target_dir: str, layout: str = "rmsnorm", seed: int = 0, feature_layers=(),
-                fusion_std: float = 0.0) -> MTPHead:
+                fusion_std: float = 0.0, num_layers: int = 1) -> MTPHead:
     """``feature_layers``: a fused head (its fusion drawn with ``fusion_std``; 0: zero, as
-    training starts it)."""
+    training starts it); ``num_layers``: its decoder layers."""
     target = load_model(target_dir)
     cfg = copy.deepcopy(target.config)
-    cfg.num_hidden_layers = 1
+    cfg.num_hidden_layers = num_layers
     torch.manual_seed(seed)
     head = MTPHead(cfg, layout, feature_layers)
     with torch.no_grad():  # non-trivial norm weights and biases, so a wrong key mapping shows

@@ -16,22 +16,28 @@ from helpers.spec_checks import check_greedy_with_stops, check_sampled_law, run_
 from helpers.prompts import prompts
 
 
-@pytest.mark.parametrize("layout", ["rmsnorm", "eagle1"])
-def test_head_matches_a_transformers_decoder_layer(llama_dir, layout):
-    """The head's output equals the formula written with transformers' LlamaDecoderLayer."""
+@pytest.mark.parametrize("layout,num_layers", [("rmsnorm", 1), ("eagle1", 1), ("rmsnorm", 2), ("eagle1", 3)])
+def test_head_matches_a_transformers_decoder_layer(llama_dir, layout, num_layers):
+    """The head's output equals the formula written with transformers' LlamaDecoderLayer
+    (a deeper head: its layers one after another, the first without an input norm in the
+    eagle1 layout)."""
     import transformers
-    head = random_head(llama_dir, layout).eval()
+    head = random_head(llama_dir, layout, num_layers=num_layers).eval()
     cfg = head.config
     hf_cfg = transformers.LlamaConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                                       num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
                                       rms_norm_eps=cfg.rms_norm_eps, max_position_embeddings=cfg.max_position_embeddings,
                                       rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling, vocab_size=cfg.vocab_size)
     hf_cfg._attn_implementation = "eager"
-    layer = transformers.models.llama.modeling_llama.LlamaDecoderLayer(hf_cfg, 0)
-    layer.load_state_dict({k[len("layer."):]: v for k, v in head.state_dict().items() if k.startswith("layer.")},
-                          strict=layout == "rmsnorm")
-    if layout == "eagle1":
-        layer.input_layernorm = torch.nn.Identity()
+    layers = []
+    for i in range(num_layers):
+        layer = transformers.models.llama.modeling_llama.LlamaDecoderLayer(hf_cfg, i)
+        p = f"layers.{i}."
+        layer.load_state_dict({k[len(p):]: v for k, v in head.state_dict().items() if k.startswith(p)},
+                              strict=layout == "rmsnorm" or i > 0)
+        if layout == "eagle1" and i == 0:
+            layer.input_layernorm = torch.nn.Identity()
+        layers.append(layer)
     rope = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(hf_cfg)
     T = 12
     ids, feats = torch.randint(0, 256, (T,)), torch.randn(T, cfg.hidden_size)
@@ -45,8 +51,11 @@ def test_head_matches_a_transformers_decoder_layer(llama_dir, layout):
             x = torch.nn.functional.linear(torch.cat([e, feats], -1), head.fc.weight, head.fc.bias)
         pos = torch.arange(T)[None]
         mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
-        out = layer(x[None], attention_mask=mask, position_ids=pos, position_embeddings=rope(x[None], pos))
-        ref = (out[0] if isinstance(out, tuple) else out)[0]
+        ref = x[None]
+        for layer in layers:
+            out = layer(ref, attention_mask=mask, position_ids=pos, position_embeddings=rope(x[None], pos))
+            ref = out[0] if isinstance(out, tuple) else out
+        ref = ref[0]
         if layout == "rmsnorm":
             ref = rms(ref, head.norm.weight)
         got = head(ids, torch.arange(T), DenseCausalAttention(1, T), feats)
@@ -145,6 +154,47 @@ def test_eagle1_layout_loads_with_public_key_names(llama_dir, heads, tmp_path, p
     got, stats = _greedy(llama_dir, d, ps)
     assert got == plain_greedy(ps, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
     torch.testing.assert_close(stats, _greedy(llama_dir, heads["random_eagle1"], ps)[1], rtol=0, atol=0)
+
+
+def test_a_deeper_head_round_trips_and_drafts_losslessly(llama_dir, tmp_path, plain_greedy, monkeypatch):
+    """A head of two decoder layers: stored with the first layer under the one-layer name
+    and the second as ``layers.1.*``; loaded, it computes what it computed before saving,
+    and drafts losslessly, the native chains drafting what the per-op path drafts; the
+    one-layer layouts and bad layer counts are refused."""
+    import sonarspec_ext.spec.proposer as proposer_mod
+    head = random_head(llama_dir, num_layers=2, seed=5)
+    d = save(head, str(tmp_path / "deep"))
+    keys = set(load_file(os.path.join(d, "model.safetensors")))
+    assert {"layer.self_attn.q_proj.weight", "layers.1.self_attn.q_proj.weight", "layers.1.mlp.down_proj.weight"} <= keys
+    assert not any(k.startswith("layers.0.") for k in keys)
+    assert json.load(open(os.path.join(d, "config.json")))["num_hidden_layers"] == 2
+    ps, params = prompts(6, seed=5), SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    native, probe = _greedy(llama_dir, d, ps)
+    g = torch.Generator().manual_seed(0)
+    ids, feats = torch.randint(0, 256, (10,), generator=g), torch.randn(10, head.config.hidden_size, generator=g)
+    with torch.no_grad():
+        torch.testing.assert_close(probe, head.eval()(ids, torch.arange(10), DenseCausalAttention(1, 10), feats),
+                                   rtol=1e-5, atol=1e-5)
+    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=d, num_draft_tokens=3))
+    assert [o.token_ids for o in llm.generate(ps, params)] == native == plain_greedy(ps, params)
+    monkeypatch.setattr(proposer_mod, "native_chains", lambda *a, **kw: None)
+    per_op = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=d, num_draft_tokens=3))
+    assert [o.token_ids for o in per_op.generate(ps, params)] == native
+    assert per_op.stats()["accepted_per_position"] == llm.stats()["accepted_per_position"]
+    for fmt in ("eagle1", "deepseek"):
+        with pytest.raises(ValueError, match="layout holds one decoder layer, this head has 2"):
+            save(random_head(llama_dir, "eagle1" if fmt == "eagle1" else "rmsnorm", num_layers=2),
+                 str(tmp_path / fmt), fmt, target_num_layers=2)
+    for bad in (0, 17):
+        cfg = json.load(open(os.path.join(d, "config.json")))
+        cfg["num_hidden_layers"] = bad
+        json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+        with pytest.raises(CheckpointError, match="num_hidden_layers .*must be"):
+            LLM(llama_dir, spec=SpecConfig(method="mtp", draft=d))
+    cfg["num_hidden_layers"] = 3   # more layers than the file holds
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    with pytest.raises(CheckpointError, match="layers.2"):
+        LLM(llama_dir, spec=SpecConfig(method="mtp", draft=d))
 
 
 def _deepseek_target(llama_dir, head, path):

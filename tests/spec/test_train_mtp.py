@@ -30,10 +30,12 @@ def test_chain_mask_small_case():
     assert torch.equal(chain_mask(2, 4), expected)
 
 
-def test_unrolled_training_equals_chain_inference(llama_dir):
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_unrolled_training_equals_chain_inference(llama_dir, num_layers):
     """Step k of the unrolled pass equals running the head as a draft chain: accurate
-    features up to position i-k+1, then its own outputs, one position at a time."""
-    head = random_head(llama_dir)
+    features up to position i-k+1, then its own outputs, one position at a time (each of
+    a deeper head's layers attending to its own keys)."""
+    head = random_head(llama_dir, num_layers=num_layers)
     T, H = 9, head.config.hidden_size
     tokens, hidden = torch.randint(0, 256, (2, T)), torch.randn(2, T, H)
     with torch.no_grad():
@@ -182,6 +184,16 @@ def test_train_mtp_bad_input(llama_dir, tmp_path, capsys):
     assert main(["train-mtp", "--target", llama_dir, "--data", str(empty), "--out", str(tmp_path / "o"),
                  "--layout", "eagle1", "--formats", "deepseek"]) == 2
     assert "can be exported as sonarspec or eagle1" in capsys.readouterr().err
+    assert main(["train-mtp", "--target", llama_dir, "--data", str(empty), "--out", str(tmp_path / "o"),
+                 "--head-layers", "2", "--formats", "deepseek"]) == 2
+    assert "a head of 2 decoder layers can be exported as sonarspec only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train-mtp", "--target", llama_dir, "--data", str(empty), "--out", str(tmp_path / "o"),
+              "--head-layers", "0"])
+    assert "--head-layers: must be at least 1" in capsys.readouterr().err
+    assert main(["train-mtp", "--target", llama_dir, "--data", str(empty), "--out", str(tmp_path / "o"),
+                 "--head-layers", "17"]) == 2
+    assert "an MTP head has 1 to 16 decoder layers, got 17" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
@@ -237,6 +249,31 @@ def test_features_of_the_served_quantization_and_a_warm_start(llama_dir, heads, 
         train_mtp(llama_dir, [str(corpus)], str(tmp_path / "h2"), str(work), layout="eagle1", seq_len=32,
                   max_windows=6, cfg=cfg, feature_dtype="float32", quantization="q8_0",
                   init_from=heads["trained"], **QUIET)
+
+
+def test_a_deeper_head_starts_from_a_shallower_one(llama_dir, heads, tmp_path):
+    """``head_layers`` with ``init_from`` a one-layer head: the added layer starts as an
+    identity, so at learning rate 0 the exported two-layer head computes what the start
+    head computes, and drafts losslessly in the engine; a start deeper than the run, refused."""
+    from sonarspec_ext.models.mtp_loader import read_mtp_head
+    from sonarspec_ext.train.train_mtp import train_mtp
+    corpus, out, work = _corpus(tmp_path), tmp_path / "head", tmp_path / "work"
+    cfg = TrainConfig(max_steps=1, batch_size=2, lr=0.0, warmup=1, eval_every=1, checkpoint_every=1, eval_windows=2)
+    kw = dict(seq_len=32, max_windows=6, cfg=cfg, feature_dtype="float32", validate_prompts=2, validate_tokens=8,
+              **QUIET)
+    info = train_mtp(llama_dir, [str(corpus)], str(out), str(work), init_from=heads["trained"], head_layers=2, **kw)
+    assert info["engine_validation"]["equal_to_plain_decoding"]
+    target = load_model(llama_dir)
+    start, got = (read_mtp_head(p, target.config, compact_weights=False).bind(target).eval()
+                  for p in (heads["trained"], str(out)))
+    assert len(got.layers) == 2 and got.layers[1].mlp.gate_proj.weight.abs().sum() > 0
+    g = torch.Generator().manual_seed(0)
+    ids, feats = torch.randint(0, 256, (10,), generator=g), torch.randn(10, target.config.hidden_size, generator=g)
+    with torch.no_grad():
+        a, b = (h(ids, torch.arange(10), DenseCausalAttention(1, 10), feats) for h in (start, got))
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="the head has 2 decoder layers, this run trains 1"):
+        train_mtp(llama_dir, [str(corpus)], str(tmp_path / "h2"), str(work), init_from=str(out), **kw)
 
 
 @pytest.mark.slow

@@ -1,12 +1,14 @@
-"""MTP / EAGLE-style draft head: one decoder layer tied to the target.
+"""MTP / EAGLE-style draft head: ``config.num_hidden_layers`` decoder layers tied to the target.
 
 At position i the head reads the target's final hidden state ``h_i`` (a *feature*) and
 the next token ``t_{i+1}`` and predicts the feature at i + 1, whose logits through the
 target's lm_head predict ``t_{i+2}``:
 
-    rmsnorm layout:  f = norm(layer(fc(cat(enorm(embed(t_{i+1})), hnorm(h_i)))))
-    eagle1 layout:   f = layer'(fc(cat(embed(t_{i+1}), h_i)) + bias)   (layer' has no input norm)
+    rmsnorm layout:  f = norm(layers(fc(cat(enorm(embed(t_{i+1})), hnorm(h_i)))))
+    eagle1 layout:   f = layers'(fc(cat(embed(t_{i+1}), h_i)) + bias)   (the first layer has no input norm)
 
+DeepSeek-V3 and EAGLE-1 heads have one layer; a deeper head buys capacity with each extra
+layer's weights read once more per drafting call.
 The rmsnorm layout is DeepSeek-V3's MTP module (enorm, hnorm, eh_proj, shared_head.norm);
 eagle1 is the original EAGLE head without those norms. Embedding and lm_head are the
 target's tensors, shared by reference and never stored in the head.
@@ -35,6 +37,7 @@ from .config import ModelConfig
 from .llama import LlamaDecoderLayer, check_vocab_range, vocab_logits
 
 LAYOUTS = ("rmsnorm", "eagle1")
+MAX_LAYERS = 16   # decoder layers of a head
 
 
 class FeatureFusion(nn.Module):
@@ -70,9 +73,11 @@ class MTPHead(nn.Module):
         self.enorm = RMSNorm(h, eps) if norms else None
         self.hnorm = RMSNorm(h, eps) if norms else None
         self.fc = Linear(2 * h, h, bias=not norms)
-        self.layer = LlamaDecoderLayer(cfg, 0)
+        if not 1 <= cfg.num_hidden_layers <= MAX_LAYERS:
+            raise ValueError(f"an MTP head has 1 to {MAX_LAYERS} decoder layers, got {cfg.num_hidden_layers}")
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         if not norms:
-            self.layer.input_layernorm = nn.Identity()
+            self.layers[0].input_layernorm = nn.Identity()
         self.norm = RMSNorm(h, eps) if norms else None
         self.fusion = FeatureFusion(feature_layers, h, eps) if feature_layers else None
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
@@ -135,7 +140,8 @@ class MTPHead(nn.Module):
             e, h = self.enorm(e), self.hnorm(h)
         x = self.fc(torch.cat([e, h], dim=-1))
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        x = self.layer(x, cos, sin, attn)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attn)
         return self.norm(x) if self.norm is not None else x
 
     def embed_input(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -143,9 +149,9 @@ class MTPHead(nn.Module):
         return self.embed(input_ids).to(self.compute_dtype)
 
     def stack_parts(self):
-        """(its decoder layer, rotary tables, final norm, (enorm, hnorm, fc)): what a native
+        """(its decoder layers, rotary tables, final norm, (enorm, hnorm, fc)): what a native
         decoder stack runs (``runtime.native_stack``); norms None for EAGLE-1 heads."""
-        return [self.layer], self.rotary, self.norm, (self.enorm, self.hnorm, self.fc)
+        return list(self.layers), self.rotary, self.norm, (self.enorm, self.hnorm, self.fc)
 
     def drafting_io(self):
         """(embedding, lm_head weights, their token ids or None) of the target, for drafting
@@ -159,7 +165,7 @@ class MTPHead(nn.Module):
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        return self.layer.post_attention_layernorm.weight.dtype
+        return self.layers[0].post_attention_layernorm.weight.dtype
 
     def compute_logits(self, features: torch.Tensor) -> torch.Tensor:
         """(n, hidden) -> float32 logits through the target's lm_head (-inf outside the
@@ -180,5 +186,6 @@ class MTPHead(nn.Module):
         return F.linear(features.float(), self._train_lm_head)
 
     def fuse_projections(self) -> None:
-        self.layer.self_attn.fuse()
-        self.layer.mlp.fuse()
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()

@@ -1,9 +1,10 @@
 """Load and save MTP heads in three layouts, detected from the tensor names.
 
-- ``sonarspec``: our format. ``config.json`` (one-layer Llama fields, ``architectures:
-  ["SonarspecMTPHead"]``, ``mtp_layout``, optional ``feature_layers``), tensors ``enorm``,
-  ``hnorm``, ``fc``, ``layer.*``, ``norm`` (the norms absent in the eagle1 layout), and
-  ``fusion.*`` for a head that reads intermediate target layers.
+- ``sonarspec``: our format. ``config.json`` (Llama fields with ``num_hidden_layers`` the
+  head's decoder layers, ``architectures: ["SonarspecMTPHead"]``, ``mtp_layout``, optional
+  ``feature_layers``), tensors ``enorm``, ``hnorm``, ``fc``, ``layer.*`` (the first decoder
+  layer), ``layers.N.*`` (the N-th, N >= 1, of a deeper head), ``norm`` (the norms absent in
+  the eagle1 layout), and ``fusion.*`` for a head that reads intermediate target layers.
 - ``eagle1``: published EAGLE-1 heads: ``fc.weight``, ``fc.bias``, ``layers.0.*`` without
   ``input_layernorm``; ``config.json`` is a one-layer Llama config.
 - ``deepseek``: a DeepSeek-V3 MTP layer ``model.layers.{L}.{enorm,hnorm,eh_proj,
@@ -23,7 +24,7 @@ from .config import CheckpointError, ModelConfig
 from ..layers.linear import Linear
 from ..ops.quantized import QuantizedMatrix
 from .loader import load_state, parse_dtype, resolve_quantization, weight_files
-from .mtp import MTPHead
+from .mtp import MAX_LAYERS, MTPHead
 
 ARCHITECTURE = "SonarspecMTPHead"
 DRAFT_VOCAB = "draft_vocab"   # optional (sonarspec format): token ids the head proposes
@@ -52,14 +53,14 @@ def _key_map(fmt: str, layer: Optional[int], head: MTPHead) -> Dict[str, str]:
     """Head parameter name -> checkpoint tensor name."""
     out = {}
     for name, _ in head.named_parameters():
-        if fmt == "sonarspec":
-            key = name
+        if fmt == "sonarspec":   # the first layer keeps the one-layer heads' name, "layer."
+            key = "layer." + name[len("layers.0."):] if name.startswith("layers.0.") else name
         elif fmt == "eagle1":
-            key = "layers.0." + name[len("layer."):] if name.startswith("layer.") else name
+            key = name
         else:
             p = f"model.layers.{layer}."
             key = {"fc.weight": p + "eh_proj.weight", "norm.weight": p + "shared_head.norm.weight"}.get(
-                name, p + (name[len("layer."):] if name.startswith("layer.") else name))
+                name, p + (name[len("layers.0."):] if name.startswith("layers.0.") else name))
         out[name] = key
     return out
 
@@ -76,8 +77,9 @@ def _read_config(path: str) -> dict:
 
 
 def head_config(path: str, target_cfg: ModelConfig) -> Tuple[ModelConfig, str, Optional[int], str, Tuple[int, ...]]:
-    """(one-layer config, format, DeepSeek layer index, layout, target layers it reads
-    besides the final states) of the head stored in ``path``."""
+    """(the head's config - its decoder layers as ``num_hidden_layers`` -, format, DeepSeek
+    layer index, layout, target layers it reads besides the final states) of the head
+    stored in ``path``."""
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: MTP head directory not found")
     fmt, layer = detect_format(weight_files(path))
@@ -85,7 +87,11 @@ def head_config(path: str, target_cfg: ModelConfig) -> Tuple[ModelConfig, str, O
     d["architectures"] = ["LlamaForCausalLM"]   # the decoder block is Llama-style in every layout
     d.setdefault("vocab_size", target_cfg.vocab_size)
     cfg = ModelConfig.from_hf_dict(d, source=os.path.join(path, "config.json"))
-    cfg.num_hidden_layers = 1
+    if fmt != "sonarspec":
+        cfg.num_hidden_layers = 1   # one-layer layouts (their config may be the target's)
+    elif cfg.num_hidden_layers > MAX_LAYERS:
+        raise CheckpointError(f"{path}: num_hidden_layers (the head's decoder layers) must be at most {MAX_LAYERS}, "
+                              f"got {cfg.num_hidden_layers}")
     layout = d.get("mtp_layout", "eagle1" if fmt == "eagle1" else "rmsnorm")
     if cfg.hidden_size != target_cfg.hidden_size:
         raise CheckpointError(f"{path}: MTP head hidden size {cfg.hidden_size} does not match the target's "
@@ -173,6 +179,9 @@ def save_mtp_head(head: MTPHead, path: str, fmt: str = "sonarspec", dtype="float
         raise ValueError(f"a {head.layout} head cannot be written in the {fmt} layout")
     if fmt not in ("sonarspec", "eagle1", "deepseek"):
         raise ValueError(f"unknown MTP head format {fmt!r}")
+    if fmt != "sonarspec" and len(head.layers) != 1:
+        raise ValueError(f"the {fmt} layout holds one decoder layer, this head has {len(head.layers)}; "
+                         f"save it as sonarspec")
     torch_dtype = parse_dtype(dtype)
     if fmt == "deepseek" and not target_num_layers:
         raise ValueError("the deepseek layout names the layer after the target's: pass target_num_layers")

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..models.loader import checkpoint_fingerprint, load_model, load_tokenizer, resolve_quantization
-from ..models.mtp import MTPHead
+from ..models.mtp import MAX_LAYERS, MTPHead
 from ..models.mtp_loader import read_mtp_head, save_mtp_head
 from .data import read_corpus
 from .features import FeatureSet, compute_features
@@ -89,7 +89,8 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
               formats: Sequence[str] = ("sonarspec",), exclude: Sequence[str] = (), resume: bool = False,
               validate_prompts: int = 16, validate_tokens: int = 64, cfg: Optional[TrainConfig] = None,
               draft_vocab_size: int = 0, export_dtype: str = "float32", quantization: str = "auto",
-              init_from: Optional[str] = None, feature_layers: Sequence[int] = (), log=print) -> dict:
+              init_from: Optional[str] = None, feature_layers: Sequence[int] = (), head_layers: int = 1,
+              log=print) -> dict:
     """``quantization``: how the target is loaded for the feature pass and the engine
     validation (``LLM``'s option; the head learns the features of the target as it is
     served); the frozen embedding and lm_head the head trains against are float.
@@ -97,7 +98,9 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     without ``feature_layers`` may start one with them: its fusion starts at zero); its
     draft vocabulary is kept unless ``draft_vocab_size`` asks for a new one.
     ``feature_layers``: target layers the head reads besides the final states (EAGLE-3
-    style fused features, ``models.mtp.FeatureFusion``)."""
+    style fused features, ``models.mtp.FeatureFusion``). ``head_layers``: the head's decoder
+    layers; started from a shallower head, the layers it lacks begin as identities (their
+    output projections zero), so training starts from exactly that head."""
     cfg = cfg or TrainConfig()
     bad = [f for f in formats if f not in EXPORT_FORMATS]
     if bad:
@@ -105,6 +108,11 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     if "eagle1" in formats and layout != "eagle1" or "deepseek" in formats and layout != "rmsnorm":
         raise ValueError(f"a {layout} head can be exported as sonarspec"
                          + (" or deepseek" if layout == "rmsnorm" else " or eagle1"))
+    if not 1 <= head_layers <= MAX_LAYERS:
+        raise ValueError(f"an MTP head has 1 to {MAX_LAYERS} decoder layers, got {head_layers}")
+    if head_layers != 1 and any(f != "sonarspec" for f in formats):
+        raise ValueError(f"a head of {head_layers} decoder layers can be exported as sonarspec only "
+                         f"(the eagle1 and deepseek layouts hold one)")
     _check_writable(out)
     work = work or out.rstrip("/") + ".work"
     torch.manual_seed(cfg.seed)
@@ -122,7 +130,7 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     fp, tok_fp = checkpoint_fingerprint(target_dir), tokenizer.fingerprint()
     feature_fp = fp if quant == "none" else f"{fp}-{quant}"   # features of the quantized target differ
     head_cfg = copy.deepcopy(target.config)
-    head_cfg.num_hidden_layers = 1
+    head_cfg.num_hidden_layers = head_layers
     head = MTPHead(head_cfg, layout, feature_layers).bind(target)   # checks the layers against the target
     features = "features" + "".join(f"-{x}" for x in head.feature_layers)   # a directory per set of layers
     for name, win in (("train", train_win), ("val", val_win)):
@@ -138,10 +146,20 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
         if start.feature_layers not in ((), head.feature_layers):
             raise ValueError(f"{init_from}: the head reads target layers {list(start.feature_layers)}, this run "
                              f"trains one reading {list(head.feature_layers)}")
+        if len(start.layers) > head_layers:
+            raise ValueError(f"{init_from}: the head has {len(start.layers)} decoder layers, this run trains "
+                             f"{head_layers}")
         missing, _ = head.load_state_dict(start.state_dict(), strict=False)
-        if any(not k.startswith("fusion.") for k in missing):
-            raise ValueError(f"{init_from}: the head lacks {missing[0]}")
-        log(f"starting from the head in {init_from}")
+        added = head.layers[len(start.layers):]
+        added_names = tuple(f"layers.{i}." for i in range(len(start.layers), head_layers))
+        lacking = [k for k in missing if not k.startswith(("fusion.",) + added_names)]
+        if lacking:
+            raise ValueError(f"{init_from}: the head lacks {lacking[0]}")
+        for layer in added:   # residual blocks that add nothing yet
+            torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
+            torch.nn.init.zeros_(layer.mlp.down_proj.weight)
+        log(f"starting from the head in {init_from}"
+            + (f" ({len(added)} decoder layer(s) added as identities)" if len(added) else ""))
     ids = coverage = None
     drafted = train_win.tokens[train_win.drafted]
     if draft_vocab_size:   # the head proposes from these tokens only, so it is trained over them

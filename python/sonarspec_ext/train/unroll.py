@@ -11,7 +11,7 @@ Keys of earlier steps are kept with their gradients. In packed windows
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -55,25 +55,27 @@ def valid_rows(step: int, layout: WindowLayout) -> torch.Tensor:
 
 
 class UnrollAttention(AttentionBackend):
-    """Attention for ``batch_size`` windows of ``seq_len`` positions; each call is one unroll
-    step and appends its keys and values to the ones of the earlier steps. ``segments``
+    """Attention for ``batch_size`` windows of ``seq_len`` positions; each call of a layer is
+    one unroll step of it and appends its keys and values to the ones of its earlier steps
+    (per layer: a deeper head's layers each keep their own). ``segments``
     (batch_size, seq_len): queries see keys of their own segment only (None: one each)."""
 
     def __init__(self, batch_size: int, seq_len: int, segments: Optional[torch.Tensor] = None):
         self.B, self.T = batch_size, seq_len
         self.same = None if segments is None else segment_mask(segments)
-        self.keys: List[torch.Tensor] = []
-        self.values: List[torch.Tensor] = []
+        self.keys: Dict[int, List[torch.Tensor]] = {}
+        self.values: Dict[int, List[torch.Tensor]] = {}
 
     def attend(self, layer_idx, q, k, v):
         B, T = self.B, self.T
         q, k, v = (t.view(B, T, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v))
-        self.keys.append(k)
-        self.values.append(v)
-        step = len(self.keys)
+        keys, values = self.keys.setdefault(layer_idx, []), self.values.setdefault(layer_idx, [])
+        keys.append(k)
+        values.append(v)
+        step = len(keys)
         mask = chain_mask(step, T, q.device)
         if self.same is not None:   # (B, 1, T, step * T)
             mask = mask & self.same.repeat(1, 1, 1, step)
-        out = F.scaled_dot_product_attention(q, torch.cat(self.keys, 2), torch.cat(self.values, 2),
+        out = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2),
                                              attn_mask=mask, enable_gqa=True)
         return out.transpose(1, 2).reshape(B * T, -1)
