@@ -40,6 +40,12 @@ LAYOUTS = ("rmsnorm", "eagle1")
 MAX_LAYERS = 16   # decoder layers of a head
 
 
+def check_num_layers(n: int) -> None:
+    """ValueError unless a head may have ``n`` decoder layers."""
+    if not 1 <= n <= MAX_LAYERS:
+        raise ValueError(f"an MTP head has 1 to {MAX_LAYERS} decoder layers, got {n}")
+
+
 class FeatureFusion(nn.Module):
     """final (n, hidden), streams (n, len(layers), hidden) -> final + proj(cat(norm_j(stream_j)))."""
 
@@ -73,8 +79,7 @@ class MTPHead(nn.Module):
         self.enorm = RMSNorm(h, eps) if norms else None
         self.hnorm = RMSNorm(h, eps) if norms else None
         self.fc = Linear(2 * h, h, bias=not norms)
-        if not 1 <= cfg.num_hidden_layers <= MAX_LAYERS:
-            raise ValueError(f"an MTP head has 1 to {MAX_LAYERS} decoder layers, got {cfg.num_hidden_layers}")
+        check_num_layers(cfg.num_hidden_layers)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         if not norms:
             self.layers[0].input_layernorm = nn.Identity()

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..models.loader import checkpoint_fingerprint, load_model, load_tokenizer, resolve_quantization
-from ..models.mtp import MAX_LAYERS, MTPHead
+from ..models.mtp import MTPHead, check_num_layers
 from ..models.mtp_loader import read_mtp_head, save_mtp_head
 from .data import read_corpus
 from .features import FeatureSet, compute_features
@@ -108,8 +108,7 @@ def train_mtp(target_dir: str, data: Sequence[str], out: str, work: Optional[str
     if "eagle1" in formats and layout != "eagle1" or "deepseek" in formats and layout != "rmsnorm":
         raise ValueError(f"a {layout} head can be exported as sonarspec"
                          + (" or deepseek" if layout == "rmsnorm" else " or eagle1"))
-    if not 1 <= head_layers <= MAX_LAYERS:
-        raise ValueError(f"an MTP head has 1 to {MAX_LAYERS} decoder layers, got {head_layers}")
+    check_num_layers(head_layers)   # before the target loads
     if head_layers != 1 and any(f != "sonarspec" for f in formats):
         raise ValueError(f"a head of {head_layers} decoder layers can be exported as sonarspec only "
                          f"(the eagle1 and deepseek layouts hold one)")
