@@ -1,7 +1,9 @@
 #!/usr/bin/env python
-"""MTP chain lengths and confidence stopping (``SpecConfig.draft_stop_prob``) on held-out
-chat prompts: the validation split of ``tools/chat_prompts.py`` (prompts the packaged
-head was not trained on), each prompt run by plain decoding and by every configuration
+"""MTP chain lengths, confidence stopping (``SpecConfig.draft_stop_prob``) and lookup drafts
+(``SpecConfig.lookup_draft_tokens``) on held-out chat prompts: the validation split of
+``tools/chat_prompts.py`` (prompts the packaged head was not trained on), or with
+``--workload edit`` the code-editing prompts of ``tools/edit_prompts.py`` (the model's reply
+repeats much of its prompt), each prompt run by plain decoding and by every configuration
 back to back, so that the machine's drift hits them alike; every greedy output checked
 equal to plain decoding (``--temperature T``: sampled, seeded per prompt, outputs not
 compared; ``--no-draft-sampling``: sampled requests draft top tokens; ``--repetition-penalty``
@@ -9,13 +11,14 @@ and the others: every request, plain decoding's too, with those penalties). Prin
 tokens/s, the ratio to plain decoding's (over all prompts, and the median of the
 per-prompt ratios), tokens per step and drafted tokens per step.
 
-    python tools/bench_draft_stop.py [--model smollm2] [--prompts 60] [--max-tokens 128]
+    python tools/bench_draft_stop.py [--model smollm2] [--workload chat|edit] [--prompts 60] [--max-tokens 128]
                                      [--configs 2 3 4:0.1] [--heads default DIR ...] [--adaptive]
                                      [--temperature T] [--top-p P] [--top-k K] [--no-draft-sampling]
                                      [--repetition-penalty R]
                                      [--presence-penalty P] [--frequency-penalty F] [--json PATH]
 
-A configuration is K (chains of K tokens) or K:P (at most K, stopped below probability P),
+A configuration is K (chains of K tokens), K:P (at most K, stopped below probability P) or
+either with ``+L`` (lookup drafts of up to L tokens where the context repeats: ``3+8``),
 run with each of ``--heads`` (default: the model's packaged head); ``--adaptive`` runs them
 under the adaptive speculation control (the CLI default: K is then the longest chain it
 measures), else speculating every step.
@@ -32,19 +35,24 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from chat_prompts import build_prompts  # noqa: E402
+from edit_prompts import edit_prompts  # noqa: E402
 from sonarspec_ext import LLM, SamplingParams, SpecConfig  # noqa: E402
 from sonarspec_ext.bench import cpu_info, rotated  # noqa: E402
 from sonarspec_ext.train.data import is_validation  # noqa: E402
 
 
 def parse_config(text: str):
-    k, _, p = text.partition(":")
-    return int(k), float(p) if p else 0.0
+    """K[:P][+L] -> (K, P, L)."""
+    chain, _, lookup = text.partition("+")
+    k, _, p = chain.partition(":")
+    return int(k), float(p) if p else 0.0, int(lookup) if lookup else 0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--workload", default="chat", choices=["chat", "edit"],
+                    help="held-out chat prompts, or code-editing prompts (tools/edit_prompts.py)")
     ap.add_argument("--prompts", type=int, default=60)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--configs", nargs="+", default=["2", "3", "4:0.1"])
@@ -62,13 +70,15 @@ def main() -> None:
     args = ap.parse_args()
     penalties = {"repetition_penalty": args.repetition_penalty, "presence_penalty": args.presence_penalty,
                  "frequency_penalty": args.frequency_penalty}
-    held_out = [p for p in build_prompts() if is_validation(p["id"])][:args.prompts]
+    held_out = ([p for p in build_prompts() if is_validation(p["id"])][:args.prompts] if args.workload == "chat"
+                else edit_prompts(args.prompts))
     configs = {"plain": None}
     for head in args.heads:
         for c in args.configs:
             configs[c if len(args.heads) == 1 else f"{head} {c}"] = (head, *parse_config(c))
     llms = {name: LLM(args.model, spec=None if c is None else SpecConfig(method="mtp", draft=c[0],
-                                                                          num_draft_tokens=c[1], draft_stop_prob=c[2]),
+                                                                          num_draft_tokens=c[1], draft_stop_prob=c[2],
+                                                                          lookup_draft_tokens=c[3]),
                       adaptive_speculation=args.adaptive and c is not None, draft_sampling=args.draft_sampling)
             for name, c in configs.items()}
     total = dict.fromkeys(configs, 0.0)
@@ -110,7 +120,8 @@ def main() -> None:
               + (f"; steps per draft length {r['adaptive_steps']}" if "adaptive_steps" in r else ""))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"model": args.model, "heads": args.heads, "adaptive": args.adaptive, "prompts": len(held_out),
+            json.dump({"model": args.model, "workload": args.workload, "heads": args.heads, "adaptive": args.adaptive,
+                       "prompts": len(held_out),
                        "max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                        "top_k": args.top_k,
                        "draft_sampling": args.draft_sampling, **penalties, "output_tokens": tokens, "cpu": cpu_info(),

@@ -10,8 +10,9 @@ rounds; medians per step.
 
     python tools/profile_spec.py [--schemes plain mtp:3 draft_target:2] [--rounds 3] [--temperature T] [--json PATH]
 
-Schemes: ``plain``, ``METHOD:K``, ``eagle_tree:DEPTH:TOP_K:NODES``; ``@FORMAT`` after one
-quantizes the drafter at load (``mtp:3@q8_0``).
+Schemes: ``plain``, ``METHOD:K``, ``eagle_tree:DEPTH:TOP_K:NODES``; ``+L`` after a chain adds
+lookup drafts of up to L tokens (``mtp:3+8``); ``@FORMAT`` at the end quantizes the drafter at
+load (``mtp:3@q8_0``).
 """
 from __future__ import annotations
 

@@ -6,7 +6,9 @@ import sys
 import time
 
 from .bench.command import add_bench_parser
-from .params import QUANTIZATION_CHOICES
+from .params import MAX_LOOKUP_DRAFT_TOKENS, QUANTIZATION_CHOICES
+
+DEFAULT_LOOKUP_DRAFT_TOKENS = 8   # beside an MTP head or draft model (docs/speculation.md, lookup drafts)
 
 
 def positive_int(text: str) -> int:
@@ -17,6 +19,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _lookup_tokens(text: str) -> int:
+    """argparse type: --lookup-draft-tokens, an integer in [0, MAX_LOOKUP_DRAFT_TOKENS]."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= v <= MAX_LOOKUP_DRAFT_TOKENS:
+        raise argparse.ArgumentTypeError(f"must lie in [0, {MAX_LOOKUP_DRAFT_TOKENS}], got {v}")
     return v
 
 
@@ -75,9 +88,12 @@ def _make_llm(args):
     from .params import SamplingParams, SpecConfig
     method = _auto_spec(args.model) if args.spec == "auto" else args.spec
     k = args.num_draft_tokens or _recommended_draft_tokens(args.model, method, args.draft)
+    lookup = args.lookup_draft_tokens
+    if lookup is None:   # the CLI's default: lookup drafts beside chain drafters
+        lookup = DEFAULT_LOOKUP_DRAFT_TOKENS if method in ("mtp", "draft_target") else 0
     spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=k,
                       tree_top_k=args.tree_top_k, tree_num_nodes=args.tree_nodes,
-                      draft_stop_prob=args.draft_stop_prob)
+                      draft_stop_prob=args.draft_stop_prob, lookup_draft_tokens=lookup)
     options = {"adaptive_speculation": args.spec_control == "adaptive"}
     if getattr(args, "spec_max_batch", None) is not None:
         options["spec_max_batch"] = args.spec_max_batch
@@ -130,6 +146,10 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
     p.add_argument("--draft-stop-prob", type=_probability, default=0.0,
                    help="mtp / draft_target: a greedy chain stops where the drafter's probability of the draft "
                         "falls below this, --num-draft-tokens being the longest (0: always the full chain)")
+    p.add_argument("--lookup-draft-tokens", type=_lookup_tokens, default=None,
+                   help="mtp / draft_target: where the context repeats its last 3-4 tokens, draft up to this many "
+                        "tokens that followed them instead of the drafter's chain (default "
+                        f"{DEFAULT_LOOKUP_DRAFT_TOKENS}; 0: never)")
     p.add_argument("--tree-top-k", type=positive_int, default=None, help="eagle_tree: children per expanded node (4)")
     p.add_argument("--tree-nodes", type=positive_int, default=None, help="eagle_tree: draft nodes per tree (16)")
     p.add_argument("--max-tokens", type=positive_int, default=max_tokens, help="tokens to generate at most")

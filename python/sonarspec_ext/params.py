@@ -13,6 +13,7 @@ SPEC_METHODS = ("none", "draft_target", "mtp", "eagle_tree", "ngram")
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_TOP_K = (1 << 31) - 1
+MAX_LOOKUP_DRAFT_TOKENS = 16   # SpecConfig.lookup_draft_tokens
 MAX_LOGPROBS = 20   # alternatives per token, as OpenAI's top_logprobs allows
 GREEDY_BELOW = 1e-5   # temperatures under this are greedy (dividing logits by them overflows)
 MAX_PENALTY = 2.0     # |presence_penalty|, |frequency_penalty|, as OpenAI bounds them
@@ -135,6 +136,10 @@ class SpecConfig:
     # probabilities - falls below this, so num_draft_tokens is the longest chain
     # (spec/draft_stop.py); 0 drafts num_draft_tokens every step
     draft_stop_prob: float = 0.0
+    # "mtp" / "draft_target": where the context holds an earlier occurrence of its last 3-4
+    # tokens (code being edited, quoted text), a step drafts up to this many tokens that
+    # followed it instead of the drafter's chain (prompt lookup, spec/lookup.py); 0: never
+    lookup_draft_tokens: int = 0
 
     def __post_init__(self):
         _check(self.method in SPEC_METHODS,
@@ -146,6 +151,13 @@ class SpecConfig:
         _check(isinstance(self.draft_stop_prob, (int, float)) and not isinstance(self.draft_stop_prob, bool)
                and 0.0 <= self.draft_stop_prob < 1.0,
                f"draft_stop_prob must be a number in [0, 1), got {self.draft_stop_prob!r}")
+        _check(isinstance(self.lookup_draft_tokens, int) and not isinstance(self.lookup_draft_tokens, bool)
+               and 0 <= self.lookup_draft_tokens <= MAX_LOOKUP_DRAFT_TOKENS,
+               f"lookup_draft_tokens must be an integer in [0, {MAX_LOOKUP_DRAFT_TOKENS}], "
+               f"got {self.lookup_draft_tokens!r}")
+        _check(not self.lookup_draft_tokens or self.method in ("mtp", "draft_target"),
+               f"lookup_draft_tokens drafts in place of a chain drafter: it takes method 'mtp' or "
+               f"'draft_target', not {self.method!r}")
         for name in ("tree_top_k", "tree_num_nodes"):
             v = getattr(self, name)
             _check(v is None or (isinstance(v, int) and v >= 1), f"{name} must be None or >= 1, got {v!r}")

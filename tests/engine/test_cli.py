@@ -34,6 +34,8 @@ def test_generate_reports_bad_input_cleanly(llama_dir, tmp_path):
     assert r.returncode == 2 and "top_p" in r.stderr
     r = run_cli("generate", "hello", "--model", llama_dir, "--draft-stop-prob", "1.5")
     assert r.returncode == 2 and "--draft-stop-prob: must lie in [0, 1)" in r.stderr
+    r = run_cli("generate", "hello", "--model", llama_dir, "--lookup-draft-tokens", "17")
+    assert r.returncode == 2 and "--lookup-draft-tokens: must lie in [0, 16]" in r.stderr
 
 
 def test_generate_stops_before_a_stop_string_as_the_library_does(llama_dir):
@@ -59,7 +61,25 @@ def test_generate_with_confidence_stopped_chains_prints_the_plain_continuation()
     assert stopped.stdout == plain.stdout and "acceptance length" in stopped.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize("args,lookup", [(["--spec", "mtp"], 8), (["--spec", "draft_target"], 8),
+                                         (["--spec", "mtp", "--lookup-draft-tokens", "0"], 0),
+                                         (["--spec", "mtp", "--lookup-draft-tokens", "5"], 5),
+                                         (["--spec", "ngram"], 0), (["--spec", "eagle_tree"], 0)])
+def test_chain_drafters_draft_from_lookups_by_default(args, lookup, monkeypatch):
+    import sonarspec_ext.llm
+    from sonarspec_ext.cli import main
+
+    class Built(Exception):
+        pass
+
+    def fake_llm(model, spec, **kwargs):
+        raise Built(spec)
+    monkeypatch.setattr(sonarspec_ext.llm, "LLM", fake_llm)
+    with pytest.raises(Built) as built:
+        main(["generate", "hello", "--model", "default", *args])
+    assert built.value.args[0].lookup_draft_tokens == lookup
+
+
 @pytest.mark.slow
 def test_bench_compares_with_transformers(llama_dir, tmp_path):
     out = tmp_path / "bench.json"
@@ -103,7 +123,7 @@ def test_bench_spec_mtp_runs_every_scheme_in_one_run(llama_dir, draft_dir, tmp_p
                 "--json", str(out))
     assert r.returncode == 0, r.stderr
     rows = json.loads(out.read_text())["results"]
-    assert [row["scheme"] for row in rows] == ["plain", "draft_target K=2", "mtp K=1", "mtp K=2"]
+    assert [row["scheme"] for row in rows] == ["plain", "draft_target K=2", "mtp K=1", "mtp K=2", "mtp K=3 +lookup 8"]
     assert all(row["tok_s"] > 0 and row["tau"] >= 1 for row in rows)
     assert len(rows[3]["accepted_per_position"]) == 2
     assert all(row["greedy_agreement"] == "8/8" for row in rows)   # the 8 benchmark prompts

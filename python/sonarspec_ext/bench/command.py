@@ -29,6 +29,8 @@ def add_bench_parser(sub, positive_int) -> None:
     b.add_argument("--mtp", default="default",
                    help="MTP head dir for --spec all/mtp ('default': packaged head; 'none': no MTP rows)")
     b.add_argument("--mtp-ks", type=positive_int, nargs="+", default=[1, 2, 3, 4], help="MTP draft lengths (tree depths)")
+    b.add_argument("--lookup-draft-tokens", type=int, default=8,
+                   help="--spec all/mtp: a row of MTP K=3 with lookup drafts of up to this many tokens (0: none)")
     b.add_argument("--tree-top-k", type=positive_int, default=None, help="eagle_tree: children per expanded node (4)")
     b.add_argument("--tree-nodes", type=positive_int, default=None, help="eagle_tree: draft nodes per tree (16)")
     b.add_argument("--spec-max-batch", type=int, default=None,
@@ -107,7 +109,8 @@ def run_bench(args) -> int:
                           device=args.device, dtype=args.dtype, temperature=args.temperature, top_p=args.top_p,
                           draft_sampling=args.draft_sampling, cuda_graphs=args.cuda_graphs,
                           quantization=args.quantization, draft_quantization=args.draft_quantization,
-                          adaptive=args.spec_control == "adaptive")
+                          adaptive=args.spec_control == "adaptive",
+                          lookup_tokens=0 if tree else args.lookup_draft_tokens)
         if tree:
             from .attention import bench_tree_attention, print_attention_table
             from ..models.loader import load_config

@@ -65,13 +65,17 @@ def _run_llm(llm: LLM, prompts: List[str], params: List[SamplingParams], batch_s
 
 def scheme_config(name: str) -> SpecConfig:
     """A profiling tool's scheme name: ``plain``, ``method:k`` (k 4 if left out) with the
-    packaged drafter, or ``eagle_tree:depth:top_k:nodes``; ``@FORMAT`` after it quantizes
-    the drafter's weights at load (``mtp:3@q8_0``)."""
+    packaged drafter, or ``eagle_tree:depth:top_k:nodes``; ``+L`` after a chain adds lookup
+    drafts of up to L tokens (``mtp:3+8``), ``@FORMAT`` at the end quantizes the drafter's
+    weights at load (``mtp:3@q8_0``)."""
     name, _, quantization = name.partition("@")
+    name, _, lookup = name.partition("+")
     method, *rest = name.split(":")
     if method == "plain":
         return SpecConfig()
     extra = {"quantization": quantization} if quantization else {}
+    if lookup:
+        extra["lookup_draft_tokens"] = int(lookup)
     if method == "eagle_tree" and len(rest) == 3:
         d, k, n = map(int, rest)
         return SpecConfig(method=method, num_draft_tokens=d, tree_top_k=k, tree_num_nodes=n, **extra)
@@ -81,7 +85,7 @@ def scheme_config(name: str) -> SpecConfig:
 
 
 def _schemes(draft_dir: Optional[str], mtp_dir: Optional[str], ks, mtp_ks, with_ngram: bool, trees=(),
-             draft_quantization: str = "auto"):
+             draft_quantization: str = "auto", lookup_tokens: int = 0):
     out = [("plain", SpecConfig())]
     if draft_dir:
         out += [(f"draft_target K={k}", SpecConfig(method="draft_target", draft=draft_dir, num_draft_tokens=k,
@@ -91,6 +95,10 @@ def _schemes(draft_dir: Optional[str], mtp_dir: Optional[str], ks, mtp_ks, with_
     if mtp_dir:
         out += [(f"mtp K={k}", SpecConfig(method="mtp", draft=mtp_dir, num_draft_tokens=k,
                                           quantization=draft_quantization)) for k in mtp_ks]
+        if lookup_tokens:
+            out.append((f"mtp K=3 +lookup {lookup_tokens}",
+                        SpecConfig(method="mtp", draft=mtp_dir, num_draft_tokens=3, lookup_draft_tokens=lookup_tokens,
+                                   quantization=draft_quantization)))
         out += [(f"eagle_tree d={d} k={k} n={n}", SpecConfig(method="eagle_tree", draft=mtp_dir, num_draft_tokens=d,
                                                              tree_top_k=k, tree_num_nodes=n,
                                                              quantization=draft_quantization)) for d, k, n in trees]
@@ -103,7 +111,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                with_ngram: bool = True, spec_max_batch: Optional[int] = None, trees=(), device: str = "cpu",
                dtype: str = "float32", temperature: float = 0.0, top_p: float = 1.0,
                draft_sampling: bool = True, cuda_graphs: Optional[bool] = None, quantization: str = "auto",
-               draft_quantization: str = "auto", adaptive: bool = False) -> dict:
+               draft_quantization: str = "auto", adaptive: bool = False, lookup_tokens: int = 0) -> dict:
     """Every scheme on the same prompts in one process. Each scheme's greedy output is
     first checked equal to plain decoding (on the CPU a difference is an error; on CUDA,
     where torch's GEMMs and SDPA may round a verification pass differently from a decoding
@@ -117,14 +125,15 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     ``mtp="default"`` the MTP head that goes with it, ``find_mtp_head``, or no MTP rows);
     ``draft_quantization``: its weights (``SpecConfig.quantization``). ``adaptive``: every
     scheme under adaptive speculation (``EngineConfig.adaptive_speculation``; its rows
-    record the decode steps that speculated and that ran plainly)."""
+    record the decode steps that speculated and that ran plainly). ``lookup_tokens``: a row of
+    MTP K = 3 with lookup drafts of up to that many tokens (``SpecConfig.lookup_draft_tokens``)."""
     if threads:
         torch.set_num_threads(threads)
     target_dir = resolve(target, "target")
     draft_dir = find_draft_model(target_dir) if draft == "default" else resolve(draft, "draft") if draft else None
     mtp_dir = find_mtp_head(target_dir) if mtp == "default" else resolve(mtp, "mtp") if mtp else None
     sampled = temperature > 0
-    schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram, trees, draft_quantization)
+    schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram, trees, draft_quantization, lookup_tokens)
     llms = {name: LLM(target_dir, spec=spec, spec_max_batch=spec_max_batch, device=device, dtype=dtype,
                       draft_sampling=draft_sampling, cuda_graphs=cuda_graphs, quantization=quantization,
                       adaptive_speculation=adaptive and name != "plain")

@@ -94,7 +94,10 @@ class Engine:
         self._next_plan = None   # PlanHandle of the step planned ahead (async_planning)
         self.step_context = StepContext()   # the running step's, handed to the proposer after it
         speculating = self.spec.method != "none"
-        self.spec_control = (BatchSpeculationControl(modes=self._adaptive_modes())
+        # lookup drafts run past the modes' chain lengths: their tokens per step are measured,
+        # not pooled from the chains' acceptance per position
+        self.spec_control = (BatchSpeculationControl(modes=self._adaptive_modes(),
+                                                     pool_acceptance=not self.spec.lookup_draft_tokens)
                              if c.adaptive_speculation and speculating else None)
         self.num_steps = 0
         # steps with decoding sequences of a speculating engine: drafted for some, or paused by
@@ -160,8 +163,7 @@ class Engine:
 
     def _num_drafts(self, seq: Request) -> int:
         """Draft length for a decoding sequence: never past the context or max_tokens."""
-        room = min(self.max_model_len - seq.num_tokens - 1, seq.params.max_tokens - len(seq.output_ids) - 1)
-        return max(0, min(self.proposer.max_draft_tokens, room))
+        return max(0, min(self.proposer.max_draft_tokens, seq.draft_room(self.max_model_len)))
 
     def step(self) -> List[Request]:
         """Runs one engine step (plan -> draft -> verify -> sample -> post-process); returns
@@ -228,7 +230,8 @@ class Engine:
         drafts = dict(zip((s.seq_id for s in decode), self.proposer.propose(decode, ks)))
         t2 = time.perf_counter()
         if self.proposer.single_token_schedule and decode and len(decode) == len(batch) and all(
-                len(d.token_ids) == 1 for d in drafts.values()) and not any(s.params.penalized for s in decode):
+                len(d.token_ids) == 1 and not d.lookup for d in drafts.values()) and not any(
+                s.params.penalized for s in decode):
             got_tokens = single_token_step(self, batch, drafts)
         else:
             got_tokens = generic_step(self, batch, drafts)

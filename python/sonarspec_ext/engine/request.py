@@ -56,6 +56,11 @@ class Request:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def draft_room(self, max_model_len: int) -> int:
+        """The most draft tokens a step may verify for this request (may be negative): every
+        draft that is kept adds a token, and none may pass the context or ``max_tokens``."""
+        return min(max_model_len - self.num_tokens - 1, self.params.max_tokens - len(self.output_ids) - 1)
+
     def record_verification(self, num_drafts: int, num_accepted: int, depth: Optional[int] = None) -> None:
         """One verification step: ``num_drafts`` drafted tokens, ``num_accepted`` accepted;
         per-position counts go by ``depth`` (a tree's depth; a chain's length by default)."""

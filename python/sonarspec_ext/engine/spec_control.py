@@ -29,7 +29,8 @@ seconds averaged over the decode-only steps it ran (steps that also prefill are 
 comparable and are not measured) and over its phases with weight ``decay`` on the past; the
 tokens likewise until the first draft position has been seen often enough, then from the
 acceptance per position pooled over all draft lengths (``DraftAcceptance``: a probe of a
-few steps would otherwise rank lengths by the luck of its drafts). Every mode gives the
+few steps would otherwise rank lengths by the luck of its drafts) - except for drafters whose
+steps may draft more than the mode's length (lookup drafts), whose tokens stay measured. Every mode gives the
 same tokens (speculation is lossless), so the choice only moves speed: at worst a probe's
 share of steps runs a slower mode.
 """
@@ -62,7 +63,9 @@ def geometric_acceptance(tokens: float, k: int) -> float:
 
 class SpeculationControl:
     def __init__(self, modes: Sequence[int] = (1, 0), phase_steps: int = 16, probe_steps: int = 4,
-                 max_phase_steps: int = 512, decay: float = 0.5, margin: float = 0.15):
+                 max_phase_steps: int = 512, decay: float = 0.5, margin: float = 0.15, pool_acceptance: bool = True):
+        """``pool_acceptance`` False: each mode's tokens per step as measured, never from the
+        pooled acceptance (a drafter whose steps may draft past the mode's length)."""
         if (min(phase_steps, probe_steps) < 1 or max_phase_steps < phase_steps or not 0 <= decay < 1
                 or len(modes) < 2 or len(set(modes)) != len(modes) or min(modes) < 0 or not 0 <= margin < 1):
             raise ValueError("SpeculationControl needs two or more distinct draft lengths >= 0, phase_steps, "
@@ -76,6 +79,7 @@ class SpeculationControl:
         # draft length -> (tokens, seconds) per sequence and step, averaged like the rates
         self.per_sequence: Dict[int, Optional[Tuple[float, float]]] = dict.fromkeys(self.modes)
         self.acceptance = DraftAcceptance(max(self.modes))   # drafts kept per position, all lengths pooled
+        self.pool_acceptance = pool_acceptance
         self.prior: Optional[Tuple[float, float]] = None   # (acceptance, slope) from elsewhere
         self.steps: Dict[int, int] = dict.fromkeys(self.modes, 0)            # decode steps run in each mode
         self.skipped = 0              # probes the cost model spared
@@ -140,7 +144,8 @@ class SpeculationControl:
         if model is None or self.per_sequence.get(0) is None:
             return None
         acceptance, slope = model
-        tokens = self.acceptance.tokens_per_step(mode) or chain_tokens(acceptance, mode)
+        pooled = self.acceptance.tokens_per_step(mode) if self.pool_acceptance else None
+        tokens = pooled or chain_tokens(acceptance, mode)
         return tokens / (self.per_sequence[0][1] + slope * mode)
 
     def _worth_probing(self, mode: int) -> bool:
@@ -203,7 +208,7 @@ class SpeculationControl:
         once it has enough samples, else as measured - over its measured seconds per step."""
         for m, measured in self.per_sequence.items():
             if measured is not None:
-                pooled = self.acceptance.tokens_per_step(m) if m > 0 else None
+                pooled = self.acceptance.tokens_per_step(m) if m > 0 and self.pool_acceptance else None
                 self.rates[m] = (measured[0] if pooled is None else pooled) / measured[1]
 
     def _next_probe(self) -> Tuple[int, int]:

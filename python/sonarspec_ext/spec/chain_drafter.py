@@ -18,18 +18,27 @@ import torch
 
 from ..models.llama import vocab_logits
 from .draft_stop import truncate_rows
+from .lookup import LookupDrafts
 from .proposer import (Draft, Proposer, RefillRow, chain_sampling, draft_penalties, flush_waiting, fused_chains,
                        propose_chains, vocab_probs, waiting_rows)
 
 
+LOOKUP_MAX_NGRAM, LOOKUP_MIN_NGRAM = 4, 3   # the context n-grams lookup drafts match (longest first)
+
+
 class ChainDrafter(Proposer):
     def __init__(self, runner, planner, num_draft_tokens: int, lookahead: int, vocab_size: int,
-                 window: Optional[int], sample_drafts: bool, stop_below: float = 0.0):
+                 window: Optional[int], sample_drafts: bool, stop_below: float = 0.0, lookup_tokens: int = 0):
         """``vocab_size``: the target's (the drafter's logits are cut or padded to it);
         ``window``: the drafter's sliding window (None: none); ``stop_below``: greedy chains
-        stop where the draft's probability falls below it (``spec.draft_stop``; 0: never)."""
+        stop where the draft's probability falls below it (``spec.draft_stop``; 0: never);
+        ``lookup_tokens``: where a sequence's context holds an earlier occurrence of its last
+        ``LOOKUP_MIN_NGRAM`` to ``LOOKUP_MAX_NGRAM`` tokens, the step drafts up to that many
+        tokens that followed it instead of the drafter's chain (0: never)."""
         self.runner, self.planner = runner, planner
-        self.max_draft_tokens, self.lookahead = num_draft_tokens, lookahead
+        self.max_draft_tokens, self.lookahead = num_draft_tokens, max(lookahead, lookup_tokens)
+        self.lookup_tokens = lookup_tokens
+        self.lookups = LookupDrafts(LOOKUP_MAX_NGRAM, LOOKUP_MIN_NGRAM) if lookup_tokens else None
         self.vocab_size, self.window = vocab_size, window
         # sampled requests' drafts drawn from their processed distribution q (greedy requests
         # always take the top token: point-mass drafts); False: every draft is the top token
@@ -58,6 +67,8 @@ class ChainDrafter(Proposer):
     def reset(self, seq) -> None:
         self.state.pop(seq.seq_id, None)
         self.waiting.pop(seq.seq_id, None)
+        if self.lookups is not None:
+            self.lookups.reset(seq)
 
     def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """The drafter's logits cut or padded (with -inf) to the target's vocabulary."""
@@ -129,6 +140,32 @@ class ChainDrafter(Proposer):
         return [Draft(t) for t in chains]
 
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
+        """Lookup drafts where the context repeats itself (``lookup_tokens``), the drafter's
+        chains for the other sequences."""
+        found = self._lookup_drafts(seqs, ks)
+        if found is None:
+            return self._chains(seqs, ks)
+        rest = [i for i, d in enumerate(found) if d is None]
+        for i, d in zip(rest, self._chains([seqs[i] for i in rest], [ks[i] for i in rest]) if rest else []):
+            found[i] = d
+        return found
+
+    def _lookup_drafts(self, seqs: Sequence, ks: Sequence[int]) -> Optional[List[Optional[Draft]]]:
+        """Per sequence a lookup draft (``Draft.lookup``) or None; None where no sequence has one.
+        A lookup draft may be longer than the sequence's k (the chain length the step asked
+        for), up to ``lookup_tokens`` and the room left in the context and ``max_tokens``."""
+        if self.lookups is None:
+            return None
+        found: List[Optional[Draft]] = [None] * len(seqs)
+        for i, (s, k) in enumerate(zip(seqs, ks)):
+            room = min(self.lookup_tokens, s.draft_room(self.planner.max_model_len))
+            tokens = self.lookups.draft(s, room) if k > 0 else []
+            if tokens:
+                found[i] = Draft(tokens, lookup=True)
+        return found if any(d is not None for d in found) else None
+
+    def _chains(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
+        """The drafter's chains of ks[i] tokens."""
         drafts = self._refill_chains(seqs, ks)
         if drafts is not None:
             return drafts

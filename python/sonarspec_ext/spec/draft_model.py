@@ -20,13 +20,15 @@ from .proposer import RefillRow, StepRecord, flush_waiting
 
 class DraftModelProposer(ChainDrafter):
     def __init__(self, model, num_draft_tokens: int, planner, num_pages: int, page_size: int,
-                 target_vocab_size: int, dtype, device, sample_drafts: bool = False, stop_below: float = 0.0):
-        """``model``: the draft (``models.draft_llm.load_draft_model``)."""
+                 target_vocab_size: int, dtype, device, sample_drafts: bool = False, stop_below: float = 0.0,
+                 lookup_tokens: int = 0):
+        """``model``: the draft (``models.draft_llm.load_draft_model``); ``lookup_tokens``:
+        lookup drafts of up to that many tokens (``ChainDrafter``)."""
         self.model = model
         self.kv_cache = KVCache(model.config, num_pages, page_size, dtype, device)
         # the refill may write one slot past the chain: lookahead k + 1
         super().__init__(ModelRunner(model, self.kv_cache), planner, num_draft_tokens, num_draft_tokens + 1,
-                         target_vocab_size, model.config.sliding_window, sample_drafts, stop_below)
+                         target_vocab_size, model.config.sliding_window, sample_drafts, stop_below, lookup_tokens)
         # state: seq_id -> (tokens the draft has computed, the logits predicting the next one)
 
     def ready(self, seq) -> bool:
@@ -52,7 +54,7 @@ class DraftModelProposer(ChainDrafter):
             # Draft KV is valid for the tokens it has seen plus the accepted drafts it wrote
             # (all but the last); a draft that fell behind (paused steps) restarts where it stopped.
             valid = 0 if st is None else min(st[0], r.n_before)
-            if st is not None and st[0] == r.n_before and r.draft is not None:
+            if st is not None and st[0] == r.n_before and r.draft is not None and not r.draft.lookup:
                 valid += min(r.num_accepted, max(0, len(r.draft.token_ids) - 1))
             rows.append(RefillRow(seq, valid, seq.all_ids[valid:]))
         self.queue_refills(rows)

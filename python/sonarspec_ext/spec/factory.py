@@ -126,7 +126,7 @@ def make_proposer(spec: SpecConfig, draft_dir: Optional[str], target, planner, n
         draft = load_draft_model(draft_dir, target, dtype, device, quantization=quantization)
         return DraftModelProposer(draft, spec.num_draft_tokens, planner, num_pages, page_size,
                                   target.config.vocab_size, dtype, device, sample_drafts=draft_sampling,
-                                  stop_below=spec.draft_stop_prob)
+                                  stop_below=spec.draft_stop_prob, lookup_tokens=spec.lookup_draft_tokens)
     if spec.method == "eagle_tree":
         head = load_mtp_head(draft_dir, target, dtype, device, quantization=quantization)
         return EagleTreeProposer(head, spec.num_draft_tokens, spec.tree_top_k or TREE_TOP_K,
@@ -134,4 +134,5 @@ def make_proposer(spec: SpecConfig, draft_dir: Optional[str], target, planner, n
                                  paths=spec.tree_paths)
     head = load_mtp_head(draft_dir, target, dtype, device, quantization=quantization)   # "mtp"
     return MTPProposer(head, spec.num_draft_tokens, planner, num_pages, page_size, dtype, device,
-                       sample_drafts=draft_sampling, stop_below=spec.draft_stop_prob)
+                       sample_drafts=draft_sampling, stop_below=spec.draft_stop_prob,
+                       lookup_tokens=spec.lookup_draft_tokens)

@@ -41,11 +41,12 @@ class MTPProposer(ChainDrafter):
     needs_hidden = True
 
     def __init__(self, head: MTPHead, num_draft_tokens: int, planner, num_pages: int, page_size: int,
-                 dtype, device, sample_drafts: bool = False, stop_below: float = 0.0):
+                 dtype, device, sample_drafts: bool = False, stop_below: float = 0.0, lookup_tokens: int = 0):
+        """``lookup_tokens``: lookup drafts of up to that many tokens (``ChainDrafter``)."""
         self.head = head
         self.kv_cache = KVCache(head.config, num_pages, page_size, dtype, device)
         super().__init__(ModelRunner(head, self.kv_cache), planner, num_draft_tokens, num_draft_tokens,
-                         head.vocab_size, head.config.sliding_window, sample_drafts, stop_below)
+                         head.vocab_size, head.config.sliding_window, sample_drafts, stop_below, lookup_tokens)
         self.single_token_schedule = num_draft_tokens == 1   # the engine may use the single-token schedule
 
     def ready(self, seq) -> bool:

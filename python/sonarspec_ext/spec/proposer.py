@@ -24,10 +24,13 @@ class Draft:
 
     ``probs`` is (len(token_ids), vocab_size), or None for point-mass drafts (greedy or
     lookup drafting), which verification treats as one-hot rows. ``tree`` (a
-    ``spec.tree.DraftTree``) makes the tokens a tree's nodes instead of a chain."""
+    ``spec.tree.DraftTree``) makes the tokens a tree's nodes instead of a chain. ``lookup``:
+    the tokens come from the context (prompt lookup), not from a model drafter's chain -
+    which therefore wrote no KV for them."""
     token_ids: List[int]
     probs: Optional[torch.Tensor] = None
     tree: Optional[object] = None
+    lookup: bool = False
 
     @property
     def depth(self) -> int:
