@@ -8,7 +8,8 @@ server's interpreter (and its lock) - the engine's busy share of the wall time i
 server's own efficiency.
 
     python tools/bench_serve.py [--model smollm2] [--specs none mtp] [--concurrency 1 4 16]
-                                [--requests 16] [--max-tokens 96] [--spec-max-batch N] [--json PATH]
+                                [--requests 16] [--max-tokens 96] [--spec-max-batch N]
+                                [--lookup-draft-tokens 8] [--json PATH]
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from sonarspec_ext.params import QUANTIZATION_CHOICES
 from sonarspec_ext import LLM, SpecConfig
 from sonarspec_ext.bench import cpu_info
 from sonarspec_ext.bench.spec import CHAT_QUESTIONS
+from sonarspec_ext.cli import DEFAULT_LOOKUP_DRAFT_TOKENS
 from sonarspec_ext.server.app import create_app
 
 
@@ -137,6 +139,8 @@ def main() -> None:
     ap.add_argument("--spec-control", default="always", choices=["always", "adaptive"],
                     help="adaptive: the engine speculates only while it measures faster (serve's default)")
     ap.add_argument("--specs", nargs="+", default=["none", "mtp"])
+    ap.add_argument("--lookup-draft-tokens", type=int, default=DEFAULT_LOOKUP_DRAFT_TOKENS,
+                    help="lookup drafts beside mtp / draft_target, as `sonarspec serve` drafts them (0: none)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -156,7 +160,9 @@ def main() -> None:
         t0 = time.perf_counter()
         control = {} if args.spec_max_batch is None else {"spec_max_batch": args.spec_max_batch}
         control["adaptive_speculation"] = args.spec_control == "adaptive"
-        llm = LLM(args.model, spec=SpecConfig(method=spec), quantization=args.quantization, **control)
+        lookup = args.lookup_draft_tokens if spec in ("mtp", "draft_target") else 0
+        llm = LLM(args.model, spec=SpecConfig(method=spec, lookup_draft_tokens=lookup), quantization=args.quantization,
+                  **control)
         srv, url = start_server(llm, args.model)
         startup = time.perf_counter() - t0
         steps = StepTimes(llm.engine)
@@ -170,7 +176,8 @@ def main() -> None:
             wall = measured["requests"] / measured["requests_per_s"]
             busy = (sum(llm.engine.timing.values()) - busy0) / wall
             step = statistics.median(steps.times[steps0:])
-            row = {"spec": spec, "spec_max_batch": args.spec_max_batch, "spec_control": args.spec_control,
+            row = {"spec": spec, "lookup_draft_tokens": lookup, "spec_max_batch": args.spec_max_batch,
+                   "spec_control": args.spec_control,
                    "quantization": args.quantization, "startup_s": startup, "engine_busy_fraction": busy,
                    "engine_step_p50_s": step, "itl_over_step": measured["itl_p50_s"] / step - 1,
                    "client_process": args.client_process, **measured}
