@@ -86,7 +86,9 @@ def test_packaged_model_requests_equal_running_alone(engine_kwargs):
 
 
 @pytest.mark.parametrize("spec", [SpecConfig(method="draft_target", draft="default", num_draft_tokens=4),
-                                  SpecConfig(method="ngram", num_draft_tokens=4)], ids=["draft_target", "ngram"])
+                                  SpecConfig(method="ngram", num_draft_tokens=4),
+                                  SpecConfig(method="mtp", num_draft_tokens=3, lookup_draft_tokens=8)],
+                         ids=["draft_target", "ngram", "mtp+lookup"])
 def test_speculation_across_the_attention_split_boundary_equals_plain(spec):
     """Verification blocks and long prompt chunks whose tokens see 500-530 keys: the native
     attention splits each token's keys into runs of 512, so tokens of one block have one

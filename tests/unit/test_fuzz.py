@@ -34,7 +34,7 @@ def _random_params(rng):
     return kw
 
 
-@pytest.mark.parametrize("method", ["none", "ngram", "draft_target", "mtp", "eagle_tree"])
+@pytest.mark.parametrize("method", ["none", "ngram", "draft_target", "mtp", "mtp+lookup", "eagle_tree"])
 def test_engine_under_random_request_streams(llama_dir, draft_dir, heads, method):
     """Random requests (every parameter at and past its limits), aborts, closed streams,
     a small KV pool and two submitting threads. Only ValueError escapes, and only at
@@ -44,8 +44,9 @@ def test_engine_under_random_request_streams(llama_dir, draft_dir, heads, method
     import threading
     import zlib
     from sonarspec_ext import LLM, SamplingParams, SpecConfig
-    draft = {"draft_target": draft_dir, "mtp": heads["trained"], "eagle_tree": heads["trained"]}.get(method)
-    spec = SpecConfig(method=method, draft=draft, num_draft_tokens=3)
+    name, lookup = method.partition("+")[0], 6 if method.endswith("+lookup") else 0   # lookup drafts beside the head
+    draft = {"draft_target": draft_dir, "mtp": heads["trained"], "eagle_tree": heads["trained"]}.get(name)
+    spec = SpecConfig(method=name, draft=draft, num_draft_tokens=3, lookup_draft_tokens=lookup)
     llm = LLM(llama_dir, spec=spec, num_pages=24, page_size=4, max_num_seqs=6)
     alone = LLM(llama_dir, num_pages=24, page_size=4)
     rng = random.Random(zlib.crc32(method.encode()))   # str hashes vary per process: not a seed
@@ -81,6 +82,7 @@ def test_engine_under_random_request_streams(llama_dir, draft_dir, heads, method
     assert not errors, errors[:3]
     eng = llm.engine
     assert not eng.seqs and eng.planner.num_free_pages == eng.kv_cache.num_pages
+    assert not lookup or not eng.proposer.lookups.indexes   # every finished request's index dropped
     assert results and all(o.finish_reason in ("stop", "length") for _, _, o in results)
     greedy = [(p, sp, o) for p, sp, o in results if sp.greedy]
     assert greedy
