@@ -36,6 +36,9 @@ def chat_turn(llm: LLM, messages: List[dict], params: SamplingParams, out: TextI
     line = f"[{n} tokens in {dt:.2f}s, {n / dt if dt > 0 else 0.0:.1f} tok/s"
     if drafted:
         line += f", acceptance length {(accepted + steps) / max(steps, 1):.2f}, {accepted}/{drafted} drafts accepted"
+        lookups = after["num_lookup_steps"] - before["num_lookup_steps"]
+        if lookups:
+            line += f" ({lookups} of {steps} steps drafted from the context)"
     out.write("\n")
     err.write(line + "]\n")
     err.flush()

@@ -210,3 +210,31 @@ def test_timing_rounds_rotate_their_order():
     from sonarspec_ext.bench import rotated
     assert [rotated("abc", r) for r in range(4)] == [list("abc"), list("bca"), list("cab"), list("abc")]
     assert rotated([], 3) == []
+
+
+def test_a_chat_turn_reports_its_speculation():
+    """The per-turn line counts this turn's steps only: acceptance, drafts accepted, and the
+    steps whose drafts came from the context (lookup drafts), when there were any."""
+    import io
+    from sonarspec_ext.chat_cli import chat_turn
+
+    class Stub:   # an LLM whose counters move by one turn's worth while it streams
+        def __init__(self, lookups):
+            keys = ("num_output_tokens", "num_steps", "num_accepted_tokens", "num_draft_tokens", "num_lookup_steps")
+            self.now = dict.fromkeys(keys, 5)
+            self.turn = dict(zip(keys, (12, 4, 8, 11, lookups)))
+
+        def stats(self):
+            return dict(self.now)
+
+        def stream_chat(self, messages, params):
+            yield "Hello"
+            self.now = {k: v + self.turn[k] for k, v in self.now.items()}
+            yield " there"
+
+    for lookups, note in ((3, " (3 of 4 steps drafted from the context)"), (0, "")):
+        out, err = io.StringIO(), io.StringIO()
+        assert chat_turn(Stub(lookups), [], SamplingParams(), out, err) == "Hello there"
+        assert out.getvalue() == "Hello there\n"
+        line = err.getvalue()
+        assert line.startswith("[12 tokens in ") and line.endswith(f", acceptance length 3.00, 8/11 drafts accepted{note}]\n")

@@ -203,6 +203,7 @@ def test_a_client_that_leaves_frees_its_request(server):
     metrics = httpx.get(url + "/metrics").text
     assert 'sonarspec_requests_finished_total{reason="abort"}' in metrics
     assert "sonarspec_spec_draft_tokens_total" in metrics and "sonarspec_time_to_first_token_seconds_bucket" in metrics
+    assert "sonarspec_spec_lookup_steps_total" in metrics
 
 
 def test_sonarspec_serve_command(tmp_path):

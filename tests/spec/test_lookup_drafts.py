@@ -55,9 +55,12 @@ def test_bad_ngram_lengths_are_refused(bad):
 
 
 def _lookup_steps(llm) -> int:
-    """Positions drafted past the chain length: only lookup drafts reach them."""
-    k = llm.engine.proposer.max_draft_tokens
-    return sum(llm.engine.finished.drafted_per_position[k:])
+    """Steps of finished requests that drafted from the context; checked against the
+    positions drafted past the chain length, which only lookup drafts reach."""
+    st = llm.stats()
+    beyond = sum(llm.engine.finished.drafted_per_position[llm.engine.proposer.max_draft_tokens:])
+    assert st["num_lookup_steps"] >= (beyond > 0) and st["num_lookup_accepted_tokens"] <= st["num_accepted_tokens"]
+    return st["num_lookup_steps"]
 
 
 @pytest.mark.parametrize("method", ["mtp", "draft_target"])
@@ -68,7 +71,11 @@ def test_greedy_output_equals_plain_decoding(method, heads, draft_dir, llama_dir
     for bs in (1, 12):
         out = llm.generate(ps[:bs], GREEDY)
         assert [o.token_ids for o in out] == plain_greedy(ps[:bs], GREEDY)
-    assert _lookup_steps(llm) > 0
+    assert _lookup_steps(llm) > 0 and llm.stats()["num_lookup_accepted_tokens"] > 0
+    assert sum(o.stats["num_lookup_steps"] for o in out) > 0
+    without = LLM(llama_dir, spec=SpecConfig(method=method, draft=draft, num_draft_tokens=2))
+    without.generate(ps, GREEDY)
+    assert without.stats()["num_lookup_steps"] == 0
     assert llm.engine.planner.num_free_pages == llm.engine.kv_cache.num_pages
     assert not llm.engine.proposer.lookups.indexes   # finished sequences leave no index behind
 

@@ -270,7 +270,7 @@ class Engine:
         asks for them (``SamplingParams.logprobs``)."""
         n_before = seq.num_tokens
         if draft is not None:
-            seq.record_verification(len(draft.token_ids), accepted, draft.depth)
+            seq.record_verification(len(draft.token_ids), accepted, draft.depth, draft.lookup)
         entries = None
         if seq.logprobs is not None and logits is not None:
             entries = token_logprobs(logits, tokens, seq.params.logprobs)

@@ -37,6 +37,8 @@ class Request:
         self.num_steps = 0            # verification (decode) steps
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        self.num_lookup_steps = 0             # steps whose drafts came from the context (Draft.lookup)
+        self.num_lookup_accepted_tokens = 0   # their drafts accepted
         self.drafted_per_position: List[int] = []   # steps that proposed a token at position k
         self.accepted_per_position: List[int] = []  # steps that accepted it
         self.num_preemptions = 0
@@ -61,13 +63,18 @@ class Request:
         draft that is kept adds a token, and none may pass the context or ``max_tokens``."""
         return min(max_model_len - self.num_tokens - 1, self.params.max_tokens - len(self.output_ids) - 1)
 
-    def record_verification(self, num_drafts: int, num_accepted: int, depth: Optional[int] = None) -> None:
+    def record_verification(self, num_drafts: int, num_accepted: int, depth: Optional[int] = None,
+                            lookup: bool = False) -> None:
         """One verification step: ``num_drafts`` drafted tokens, ``num_accepted`` accepted;
-        per-position counts go by ``depth`` (a tree's depth; a chain's length by default)."""
+        per-position counts go by ``depth`` (a tree's depth; a chain's length by default);
+        ``lookup``: the drafts came from the context (lookup drafts)."""
         depth = num_drafts if depth is None else depth
         self.num_steps += 1
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += num_accepted
+        if lookup:
+            self.num_lookup_steps += 1
+            self.num_lookup_accepted_tokens += num_accepted
         grow = depth - len(self.drafted_per_position)
         if grow > 0:
             self.drafted_per_position += [0] * grow
@@ -81,6 +88,8 @@ class Request:
             "num_steps": self.num_steps,
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
+            "num_lookup_steps": self.num_lookup_steps,
+            "num_lookup_accepted_tokens": self.num_lookup_accepted_tokens,
             "acceptance_length": ((self.num_accepted_tokens + self.num_steps) / self.num_steps
                                   if self.num_steps else 0.0),
             "accepted_per_position": [a / d for a, d in zip(self.accepted_per_position, self.drafted_per_position)],

@@ -29,6 +29,10 @@ class Metrics:
         self.accepted_tokens = Counter(p + "spec_accepted_tokens", "Draft tokens accepted (finished requests)",
                                        registry=r)
         self.spec_steps = Counter(p + "spec_decode_steps", "Decode steps of finished requests", registry=r)
+        self.lookup_steps = Counter(p + "spec_lookup_steps", "Decode steps that drafted from the context "
+                                    "(lookup drafts; finished requests)", registry=r)
+        self.lookup_accepted = Counter(p + "spec_lookup_accepted_tokens", "Lookup draft tokens accepted "
+                                       "(finished requests)", registry=r)
         self.drafted_at = Counter(p + "spec_drafted_at_position", "Drafts proposed per draft position",
                                   ["position"], registry=r)
         self.accepted_at = Counter(p + "spec_accepted_at_position", "Drafts accepted per draft position",
@@ -48,6 +52,8 @@ class Metrics:
         self.draft_tokens.inc(st.get("num_draft_tokens", 0))
         self.accepted_tokens.inc(st.get("num_accepted_tokens", 0))
         self.spec_steps.inc(st.get("num_steps", 0))
+        self.lookup_steps.inc(st.get("num_lookup_steps", 0))
+        self.lookup_accepted.inc(st.get("num_lookup_accepted_tokens", 0))
         for i, (d, a) in enumerate(zip(st.get("drafted_per_position", []), st.get("num_accepted_per_position", []))):
             self.drafted_at.labels(position=str(i)).inc(d)
             self.accepted_at.labels(position=str(i)).inc(a)
