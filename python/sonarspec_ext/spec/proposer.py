@@ -277,9 +277,8 @@ def chain_sampling(seqs: Sequence, rounds: int) -> tuple:
     from its generator, drawn in round order (greedy requests draw none)."""
     uniforms = torch.zeros(len(seqs), rounds, dtype=torch.float64)
     for i, s in enumerate(seqs):
-        if not s.params.greedy:
-            uniforms[i] = torch.cat([torch.rand(1, dtype=torch.float64, generator=s.generator)
-                                     for _ in range(rounds)])
+        if not s.params.greedy:   # one call: the same consecutive draws as one call per round
+            uniforms[i] = torch.rand(rounds, dtype=torch.float64, generator=s.generator)
     ps = [s.params for s in seqs]
     return (torch.tensor([0.0 if p.greedy else p.temperature for p in ps], dtype=torch.float32),
             torch.tensor([p.top_k for p in ps], dtype=torch.long),
@@ -307,4 +306,6 @@ def vocab_probs(probs: torch.Tensor, row_ids: Optional[torch.Tensor], width: int
     over the first ``width`` tokens: zero-padded, or through the token of each row."""
     if row_ids is None:
         return torch.nn.functional.pad(probs, (0, width - probs.shape[-1]))
-    return probs.new_zeros(*probs.shape[:2], width).index_copy_(2, row_ids[:probs.shape[-1]], probs)
+    b, k, rows = probs.shape
+    flat = probs.reshape(b * k, rows)   # scatter_ along rows: half the time of index_copy_ on dim 2
+    return flat.new_zeros(b * k, width).scatter_(1, row_ids[:rows].expand(b * k, rows), flat).view(b, k, width)
