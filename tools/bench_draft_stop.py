@@ -70,7 +70,7 @@ def main() -> None:
     args = ap.parse_args()
     penalties = {"repetition_penalty": args.repetition_penalty, "presence_penalty": args.presence_penalty,
                  "frequency_penalty": args.frequency_penalty}
-    held_out = ([p for p in build_prompts() if is_validation(p["id"])][:args.prompts] if args.workload == "chat"
+    items = ([p for p in build_prompts() if is_validation(p["id"])][:args.prompts] if args.workload == "chat"
                 else edit_prompts(args.prompts))
     configs = {"plain": None}
     for head in args.heads:
@@ -84,7 +84,7 @@ def main() -> None:
     total = dict.fromkeys(configs, 0.0)
     ratios = {name: [] for name in configs}
     tokens = dict.fromkeys(configs, 0)
-    for i, item in enumerate(held_out):
+    for i, item in enumerate(items):
         messages = [{"role": "user", "content": item["prompt"]}]
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=i, **penalties)
@@ -121,7 +121,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"model": args.model, "workload": args.workload, "heads": args.heads, "adaptive": args.adaptive,
-                       "prompts": len(held_out),
+                       "prompts": len(items),
                        "max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                        "top_k": args.top_k,
                        "draft_sampling": args.draft_sampling, **penalties, "output_tokens": tokens, "cpu": cpu_info(),
