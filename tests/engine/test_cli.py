@@ -123,7 +123,7 @@ def test_bench_spec_mtp_runs_every_scheme_in_one_run(llama_dir, draft_dir, tmp_p
                 "--json", str(out))
     assert r.returncode == 0, r.stderr
     rows = json.loads(out.read_text())["results"]
-    assert [row["scheme"] for row in rows] == ["plain", "draft_target K=2", "mtp K=1", "mtp K=2", "mtp K=3 +lookup 8"]
+    assert [row["scheme"] for row in rows] == ["plain", "draft_target K=2", "mtp K=1", "mtp K=2", "mtp K=2 +lookup 8"]
     assert all(row["tok_s"] > 0 and row["tau"] >= 1 for row in rows)
     assert len(rows[3]["accepted_per_position"]) == 2
     assert all(row["greedy_agreement"] == "8/8" for row in rows)   # the 8 benchmark prompts

@@ -30,7 +30,8 @@ def add_bench_parser(sub, positive_int) -> None:
                    help="MTP head dir for --spec all/mtp ('default': packaged head; 'none': no MTP rows)")
     b.add_argument("--mtp-ks", type=positive_int, nargs="+", default=[1, 2, 3, 4], help="MTP draft lengths (tree depths)")
     b.add_argument("--lookup-draft-tokens", type=int, default=8,
-                   help="--spec all/mtp: a row of MTP K=3 with lookup drafts of up to this many tokens (0: none)")
+                   help="--spec all/mtp/quantized: a row of MTP chains (K=3, else the longest --mtp-ks; quantized: "
+                        "--mtp-ks[0]) with lookup drafts of up to this many tokens (0: none)")
     b.add_argument("--tree-top-k", type=positive_int, default=None, help="eagle_tree: children per expanded node (4)")
     b.add_argument("--tree-nodes", type=positive_int, default=None, help="eagle_tree: draft nodes per tree (16)")
     b.add_argument("--spec-max-batch", type=int, default=None,
@@ -86,7 +87,8 @@ def run_bench(args) -> int:
             draft = find_draft_model(resolve(args.model, "target"))
         info = bench_quantized(args.model, mtp, args.max_tokens, args.repeats, args.threads,
                                with_llama_cpp=not args.no_llama_cpp, mtp_k=args.mtp_ks[0], draft=draft,
-                               draft_k=args.ks[0], draft_quantization=args.draft_quantization)
+                               draft_k=args.ks[0], draft_quantization=args.draft_quantization,
+                               lookup_tokens=args.lookup_draft_tokens)
         print_quantized_table(info)
         if args.json:
             write_json(info, args.json)

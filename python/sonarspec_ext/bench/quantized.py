@@ -51,9 +51,11 @@ def _llama_cpp(request: dict, tmp: str) -> dict:
 
 def bench_quantized(model: str = "smollm2", mtp: Optional[str] = None, max_tokens: int = 128, repeats: int = 3,
                     threads: Optional[int] = None, with_llama_cpp: bool = True, mtp_k: int = 2,
-                    draft: Optional[str] = None, draft_k: int = 3, draft_quantization: str = "auto") -> dict:
-    """``mtp`` / ``draft``: the MTP head (chains of ``mtp_k``) and draft model (chains of
-    ``draft_k``, weights per ``draft_quantization``) run on every file, beside n-grams."""
+                    draft: Optional[str] = None, draft_k: int = 3, draft_quantization: str = "auto",
+                    lookup_tokens: int = 0) -> dict:
+    """``mtp`` / ``draft``: the MTP head (chains of ``mtp_k``, and with ``lookup_tokens`` those
+    chains beside lookup drafts) and draft model (chains of ``draft_k``, weights per
+    ``draft_quantization``) run on every file, beside n-grams."""
     if threads:
         torch.set_num_threads(threads)
     threads = torch.get_num_threads()
@@ -79,7 +81,7 @@ def bench_quantized(model: str = "smollm2", mtp: Optional[str] = None, max_token
         del llm
         spec = bench_spec(path, draft=draft, ks=(draft_k,), batch_sizes=(1,), max_tokens=max_tokens, repeats=repeats,
                           with_transformers=False, mtp=mtp, mtp_ks=(mtp_k,) if mtp else (), with_ngram=True,
-                          draft_quantization=draft_quantization)
+                          draft_quantization=draft_quantization, lookup_tokens=lookup_tokens)
         by = {r["scheme"]: r for r in spec["results"]}
         row = {"file": name, "path": os.path.basename(path), "bytes_per_token": wbytes,
                "floor_tok_s": round(gbs * 1e9 / wbytes, 1), "plain_tok_s": by["plain"]["tok_s"],
@@ -101,6 +103,7 @@ def bench_quantized(model: str = "smollm2", mtp: Optional[str] = None, max_token
         rows.append(row)
     tmp.cleanup()
     return {"model": src, "mtp": mtp, "draft": draft, "draft_quantization": draft_quantization,
+            "lookup_draft_tokens": lookup_tokens,
             "max_tokens": max_tokens, "repeats": repeats, "threads": threads, "cpu": cpu_info(),
             "quant_kernel": _C.quant_kernel(), "read_bandwidth_gbs": round(gbs, 2), "num_prompts": len(prompts),
             "llama_cpp": _llama_cpp_version() if llama_cpp else None, "torch": torch.__version__, "results": rows}

@@ -95,9 +95,10 @@ def _schemes(draft_dir: Optional[str], mtp_dir: Optional[str], ks, mtp_ks, with_
     if mtp_dir:
         out += [(f"mtp K={k}", SpecConfig(method="mtp", draft=mtp_dir, num_draft_tokens=k,
                                           quantization=draft_quantization)) for k in mtp_ks]
-        if lookup_tokens:
-            out.append((f"mtp K=3 +lookup {lookup_tokens}",
-                        SpecConfig(method="mtp", draft=mtp_dir, num_draft_tokens=3, lookup_draft_tokens=lookup_tokens,
+        if lookup_tokens and mtp_ks:   # chains of 3 (the packaged heads' measured best), else the longest asked
+            k = 3 if 3 in mtp_ks else max(mtp_ks)
+            out.append((f"mtp K={k} +lookup {lookup_tokens}",
+                        SpecConfig(method="mtp", draft=mtp_dir, num_draft_tokens=k, lookup_draft_tokens=lookup_tokens,
                                    quantization=draft_quantization)))
         out += [(f"eagle_tree d={d} k={k} n={n}", SpecConfig(method="eagle_tree", draft=mtp_dir, num_draft_tokens=d,
                                                              tree_top_k=k, tree_num_nodes=n,
@@ -126,7 +127,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     ``draft_quantization``: its weights (``SpecConfig.quantization``). ``adaptive``: every
     scheme under adaptive speculation (``EngineConfig.adaptive_speculation``; its rows
     record the decode steps that speculated and that ran plainly). ``lookup_tokens``: a row of
-    MTP K = 3 with lookup drafts of up to that many tokens (``SpecConfig.lookup_draft_tokens``)."""
+    MTP chains (K = 3, or the longest of ``mtp_ks`` without 3) with lookup drafts of up to that
+    many tokens (``SpecConfig.lookup_draft_tokens``)."""
     if threads:
         torch.set_num_threads(threads)
     target_dir = resolve(target, "target")
