@@ -1,11 +1,11 @@
 """Prompt lookup over a sequence's context, kept as an incremental n-gram index.
 
-``ngram.lookup`` scans the context backwards every step (its cost grows with the context);
+Scanning the context backwards every step costs more as the context grows;
 ``ContextIndex`` finds the same draft in constant time per step: it maps every n-gram of
 the sequence (``min_ngram`` .. ``max_ngram`` tokens) to the start of its latest occurrence,
 adding the n-grams of the tokens that arrived since the last call. The draft for a context
-is what followed the latest earlier occurrence of its longest suffix n-gram - exactly
-``ngram.lookup``'s answer (tests compare them).
+is what followed the latest earlier occurrence of its longest suffix n-gram - exactly the
+backward scan's answer (tests compare them).
 
 ``LookupDrafts`` holds one index per sequence: what the n-gram proposer drafts from, and
 what a model drafter (``ChainDrafter.lookup_tokens``) consults first, drafting from the
