@@ -5,7 +5,10 @@ time per matrix, the weight bytes it streamed per second, and that beside the re
 bandwidth measured in the same run (summing a 1 GiB buffer). Block matrices are random
 GGUF blocks (their values do not change the time). Median of the rounds.
 
-    python tools/bench_quant_gemm.py [--d 4096] [--rows 1 2 4 8] [--mib 1024] [--json PATH]
+    python tools/bench_quant_gemm.py [--d 4096] [--rows 1 2 4 8] [--mib 1024] [--json PATH] [--prefetch near far]
+
+``--prefetch``: the block formats under each of the VNNI kernel's weight prefetch modes
+(``_C.set_quant_prefetch``), interleaved round by round.
 """
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--prefetch", nargs="+", choices=["near", "far", "none"], default=None,
+                    help="weight prefetch modes to compare (default: this CPU's)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
@@ -60,23 +65,30 @@ def main() -> None:
             print(f"  {fmt:5s} skipped: its blocks take {cols} columns, which do not divide d {args.d}")
             continue
         ws, one = matrices(fmt, args.d, args.mib, rng)
+        modes = [None] if fmt == "bf16" else args.prefetch or [_C.quant_prefetch()]
         for m in args.rows:
             x = torch.randn(m, args.d)
+            times = {mode: [] for mode in modes}
             with native_gemm_threads():
                 for w in ws:   # warm-up
                     kernel_linear(x, w)
-                times = []
                 for _ in range(args.rounds):
-                    t0 = time.perf_counter()
-                    for w in ws:
-                        kernel_linear(x, w)
-                    times.append((time.perf_counter() - t0) / len(ws))
-            t = statistics.median(times)
-            row = {"format": fmt, "rows": m, "bytes": one, "us": round(t * 1e6, 1),
-                   "weight_gbs": round(one / t / 1e9, 2), "of_bandwidth": round(one / t / 1e9 / gbs, 3)}
-            rows.append(row)
-            print(f"  {fmt:5s} M {m}: {row['us']:8.1f} us per matrix ({one / 2**20:5.1f} MiB), "
-                  f"{row['weight_gbs']:5.1f} GB/s of weights = {row['of_bandwidth']:.0%} of the read bandwidth")
+                    for mode in modes:
+                        if mode:
+                            _C.set_quant_prefetch(mode)
+                        t0 = time.perf_counter()
+                        for w in ws:
+                            kernel_linear(x, w)
+                        times[mode].append((time.perf_counter() - t0) / len(ws))
+            for mode in modes:
+                t = statistics.median(times[mode])
+                row = {"format": fmt, "rows": m, "bytes": one, "us": round(t * 1e6, 1),
+                       "weight_gbs": round(one / t / 1e9, 2), "of_bandwidth": round(one / t / 1e9 / gbs, 3),
+                       **({"prefetch": mode} if mode else {})}
+                rows.append(row)
+                print(f"  {fmt:5s} M {m}{f' {mode:4s}' if args.prefetch and mode else ''}: {row['us']:8.1f} us per "
+                      f"matrix ({one / 2**20:5.1f} MiB), {row['weight_gbs']:5.1f} GB/s of weights = "
+                      f"{row['of_bandwidth']:.0%} of the read bandwidth")
         del ws
     if args.json:
         with open(args.json, "w") as fh:

@@ -6,7 +6,10 @@ packaged target by default; ``--synthetic-200m`` adds a random 200M-parameter Ll
 same run. CPU float32 activations by default; ``--device cuda --dtype bfloat16`` on a GPU.
 
     python tools/bench_verify_cost.py [--json PATH] [--context 100 [400 1024]] [--model DIR] [--synthetic-200m]
-                                      [--device cpu|cuda] [--dtype float32|bfloat16]
+                                      [--device cpu|cuda] [--dtype float32|bfloat16] [--prefetch near far none]
+
+``--prefetch`` times every forward under each of the quantized GEMMs' weight prefetch modes
+(``_C.set_quant_prefetch``; the same results), interleaved in the same rounds.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import tempfile
 
 import torch
 
-from sonarspec_ext import LLM
+from sonarspec_ext import LLM, _C
 from sonarspec_ext.bench import SYNTHETIC_200M, cpu_info, make_synthetic_model, median_us, rotated
 from sonarspec_ext.models.loader import QUANTIZATION_CHOICES
 
@@ -59,7 +62,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--quantization", default="none", choices=QUANTIZATION_CHOICES,
                     help="weights of --model (default none: float weights; auto: a GGUF file's own blocks)")
+    ap.add_argument("--prefetch", nargs="+", choices=["near", "far", "none"], default=None,
+                    help="quantized GEMMs' weight prefetch modes to compare (default: this CPU's)")
     args = ap.parse_args()
+    modes = args.prefetch or [_C.quant_prefetch()]
     models = {args.model: forward_calls(args.model, args.context, args.device, args.dtype, args.quantization)}
     tmp = None
     if args.synthetic_200m:
@@ -67,24 +73,26 @@ def main() -> None:
         models["synthetic-200m"] = forward_calls(make_synthetic_model(tmp.name, shape=SYNTHETIC_200M,
                                                                       dtype="bfloat16"), args.context,
                                                  args.device, args.dtype)
-    keys = [(c, T) for c in args.context for T in SIZES]
+    keys = [(m, c, T) for m in modes for c in args.context for T in SIZES]
     times = {(name, key): [] for name in models for key in keys}
     for r in range(args.rounds):
         for name, (calls, _) in models.items():
             reps = 10 if name == args.model else 3
             for key in rotated(keys, r):
-                times[(name, key)].append(median_us(calls[key], reps, 2))
+                _C.set_quant_prefetch(key[0])
+                times[(name, key)].append(median_us(calls[key[1:]], reps, 2))
     results = []
     for name, (_, params) in models.items():
         print(f"{name} ({params / 1e6:.1f}M parameters)")
-        for c in args.context:
-            base = statistics.median(times[(name, (c, 1))])
-            print(f"  context {c}")
-            for T in SIZES:
-                us = statistics.median(times[(name, (c, T))])
-                print(f"    {T:3d} tokens: {us:9.1f} us  {us / base:.2f}x a decode forward")
-                results.append({"model": name, "params": params, "context": c, "tokens": T,
-                                "forward_us": round(us, 1), "vs_decode": round(us / base, 3)})
+        for m in modes:
+            for c in args.context:
+                base = statistics.median(times[(name, (m, c, 1))])
+                print(f"  context {c}" + (f", prefetch {m}" if args.prefetch else ""))
+                for T in SIZES:
+                    us = statistics.median(times[(name, (m, c, T))])
+                    print(f"    {T:3d} tokens: {us:9.1f} us  {us / base:.2f}x a decode forward")
+                    results.append({"model": name, "params": params, "context": c, "tokens": T, "prefetch": m,
+                                    "forward_us": round(us, 1), "vs_decode": round(us / base, 3)})
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"context": args.context, "threads": torch.get_num_threads(), "cpu": cpu_info(), "device": args.device,

@@ -54,7 +54,7 @@ QV_ATTR void group_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group
   for (int64_t b = 0; b < kb; ++b) {
     const uint8_t* blk = group + b * bb;
     if (passes.count == 1) {
-      prefetch_ahead(blk, bb);
+      prefetch_ahead<Prefetch::kNear>(blk, bb);
     } else {   // bytes [share + b bb, share + (b + 1) bb) / count of the next group
       for (int64_t l = ((share + b * bb) / passes.count) & ~int64_t{63}; l < (share + (b + 1) * bb) / passes.count;
            l += 64)

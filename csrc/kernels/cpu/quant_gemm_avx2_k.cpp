@@ -63,7 +63,7 @@ QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group,
     for (int r = 0; r < R; ++r) xq[r] = x.q + (r0 + r) * x.k + sb * 256;
     if constexpr (F == WeightFormat::kQ6_K) {
       for (int sub = 0; sub < 16; ++sub) {
-        if (prefetch && sub % 4 == 0) prefetch_span(blk + (sub / 4) * (bb / 4), bb / 4);
+        if (prefetch && sub % 4 == 0) prefetch_span<Prefetch::kNear>(blk + (sub / 4) * (bb / 4), bb / 4);
         const int half = sub / 8, q0 = 16 * (sub % 8);
         const __m128i lo_shift = _mm_cvtsi32_si128(4 * (q0 / 64)), hi_shift = _mm_cvtsi32_si128(2 * (q0 / 32));
         for (int u = 0; u < H; ++u) {
@@ -98,7 +98,7 @@ QV_ATTR void half_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group,
       __m256 dmin[H];
       for (int u = 0; u < H; ++u) dmin[u] = halves8(blk + 32 + 16 * (h0 + u));
       for (int g = 0; g < 4; ++g) {
-        if (prefetch) prefetch_span(blk + g * (bb / 4), bb / 4);
+        if (prefetch) prefetch_span<Prefetch::kNear>(blk + g * (bb / 4), bb / 4);
         const __m128i lo_bit = _mm_cvtsi32_si128(2 * g), hi_bit = _mm_cvtsi32_si128(2 * g + 1);
         __m256i lo_pairs[H][R], hi_pairs[H][R], lo_sum[H][R], hi_sum[H][R];
         for (int u = 0; u < H; ++u)

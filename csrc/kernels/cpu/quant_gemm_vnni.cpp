@@ -35,7 +35,7 @@ QG_ATTR inline __m512i fifth(__m512i qh, int n) {
 }
 
 // Rows [r0, r0 + R) of x against the 16 weight rows of one group; lanes < lanes are stored.
-template <int R, WeightFormat F>
+template <int R, WeightFormat F, Prefetch P>
 QG_ATTR void group_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, float* y, int64_t ldy,
                         int lanes) {
   constexpr int64_t bb = quant_block_bytes(F), qoff = quants_offset(F);
@@ -47,7 +47,7 @@ QG_ATTR void group_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group
   for (int64_t b = 0; b < kb; ++b) {
     const uint8_t* blk = group + b * bb;
     const uint8_t* qs = blk + qoff;
-    prefetch_ahead(blk, bb);
+    prefetch_ahead<P == Prefetch::kFar && R == 1 ? Prefetch::kNone : P>(blk, bb);
     __m512i isum[R];
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) {
@@ -103,7 +103,7 @@ QG_ATTR inline __m512i q4k_byte(const __m512i* runs, int p) {   // scale byte p 
 }
 
 // Q5_K (F) adds each quant's fifth bit from its qh chunk (bit j for sub-block j).
-template <int R, WeightFormat F>
+template <int R, WeightFormat F, Prefetch P>
 QG_ATTR void q4k_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, float* y, int64_t ldy, int lanes) {
   constexpr int64_t bb = quant_block_bytes(F);
   const __m512i low4 = _mm512_set1_epi8(0x0f), six = _mm512_set1_epi32(63), four = _mm512_set1_epi32(0x0f);
@@ -118,7 +118,7 @@ QG_ATTR void q4k_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, 
     for (int p = 0; p < 6; ++p)
       runs[p] = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQ4kScales + 32 * p)));
     for (int g = 0; g < 4; ++g) {
-      prefetch_span(blk + g * (bb / 4), bb / 4);
+      prefetch_span<P>(blk + g * (bb / 4), bb / 4);
       __m512i lo_sum[R], hi_sum[R];
       const int8_t* xq[R];
       for (int r = 0; r < R; ++r) {
@@ -163,7 +163,7 @@ QG_ATTR void q4k_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, 
 }
 
 // Q6_K: per sub-block of 16 columns, 4 chunks of 6-bit quants assembled from ql and qh.
-template <int R>
+template <int R, Prefetch P>
 QG_ATTR void q6k_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, float* y, int64_t ldy, int lanes) {
   constexpr int64_t bb = quant_block_bytes(WeightFormat::kQ6_K);
   const __m512i low4 = _mm512_set1_epi8(0x0f), three = _mm512_set1_epi8(3);
@@ -173,7 +173,7 @@ QG_ATTR void q6k_rows(const QuantizedRows& x, int64_t r0, const uint8_t* group, 
     const uint8_t* blk = group + sb * bb;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
     for (int sub = 0; sub < 16; ++sub) {
-      if (sub % 4 == 0) prefetch_span(blk + (sub / 4) * (bb / 4), bb / 4);
+      if (sub % 4 == 0) prefetch_span<P>(blk + (sub / 4) * (bb / 4), bb / 4);
       const __m512i run = _mm512_cvtepu16_epi32(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQ6kScales + 32 * (sub / 2))));
       const __m512i sc = _mm512_srai_epi32(sub % 2 ? _mm512_slli_epi32(run, 16) : _mm512_slli_epi32(run, 24), 24);
@@ -215,7 +215,7 @@ QG_ATTR inline __m512i quants16(const float* x, __m512 inv) {
   return _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), clamped);
 }
 
-template <WeightFormat F>
+template <WeightFormat F, Prefetch P>
 QG_ATTR void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n, float* y, int64_t n_begin,
                   int64_t n_end) {
   const int64_t group_bytes = x.k / block_columns(F) * quant_block_bytes(F);
@@ -226,11 +226,11 @@ QG_ATTR void cols(const QuantizedRows& x, int64_t m, const uint8_t* w, int64_t n
       with_rows(m - r0, [&](auto rows) {
         constexpr int R = decltype(rows)::value;
         if constexpr (F == WeightFormat::kQ4_K || F == WeightFormat::kQ5_K) {
-          q4k_rows<R, F>(x, r0, group, y + j, n, lanes);
+          q4k_rows<R, F, P>(x, r0, group, y + j, n, lanes);
         } else if constexpr (F == WeightFormat::kQ6_K) {
-          q6k_rows<R>(x, r0, group, y + j, n, lanes);
+          q6k_rows<R, P>(x, r0, group, y + j, n, lanes);
         } else {
-          group_rows<R, F>(x, r0, group, y + j, n, lanes);
+          group_rows<R, F, P>(x, r0, group, y + j, n, lanes);
         }
       });
     }
@@ -262,7 +262,14 @@ QG_ATTR void quantize_blocks_vnni(const float* x, int64_t num_blocks, int8_t* q,
 
 void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                      int64_t n_begin, int64_t n_end) {
-  with_any_format(f, [&](auto fmt) { cols<decltype(fmt)::value>(x, m, w, n, y, n_begin, n_end); });
+  with_any_format(f, [&](auto fmt) {
+    constexpr WeightFormat F = decltype(fmt)::value;
+    switch (weight_prefetch()) {
+      case Prefetch::kFar: return cols<F, Prefetch::kFar>(x, m, w, n, y, n_begin, n_end);
+      case Prefetch::kNone: return cols<F, Prefetch::kNone>(x, m, w, n, y, n_begin, n_end);
+      default: return cols<F, Prefetch::kNear>(x, m, w, n, y, n_begin, n_end);
+    }
+  });
 }
 SONARSPEC_INTRINSIC_WARNINGS_ON
 #else

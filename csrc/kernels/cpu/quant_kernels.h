@@ -138,22 +138,37 @@ void with_rows(int64_t rows, Fn&& fn) {
   }
 }
 
-// Blocks ahead of the one in use whose cache lines the column kernels prefetch: the
-// hardware prefetchers alone let the dot products and the weight stream take turns (a
-// SmolLM2 Q4_1 decode forward took 1.5x as long without it). Groups follow each other in
-// memory, so this runs on into the next group; a prefetch past the matrix is harmless.
-constexpr int64_t kPrefetchBlocks = 8;
+// How the column kernels prefetch their weight stream - the hardware prefetchers alone let
+// the dot products and the weight stream take turns (a SmolLM2 Q4_1 decode forward took 1.5x
+// as long without it on an Intel VM). kNear: into L1, kPrefetchBlocks blocks ahead (the K-quants
+// kPrefetchBytes); kFar: into L2, kFarBlocks blocks (kFarBytes) ahead, which AMD Zen 4 streams
+// faster with (weight_prefetch() picks per CPU; SONARSPEC_QUANT_PREFETCH=near|far|none
+// overrides). Groups follow each other in memory, so this runs on into the next group; a
+// prefetch past the matrix is harmless.
+enum class Prefetch { kNear, kFar, kNone };
+Prefetch weight_prefetch();   // quant_gemm.cpp
 
+constexpr int64_t kPrefetchBlocks = 8, kFarBlocks = 32;
+constexpr int64_t kPrefetchBytes = 2560, kFarBytes = 10240;   // the K-quants' (about Q4_1's distances)
+
+// The cache lines of the block of block_bytes kPrefetchBlocks (into L1) or kFarBlocks (into L2) blocks after blk.
+template <Prefetch P>
 inline void prefetch_ahead(const uint8_t* blk, int64_t block_bytes) {
-  for (int64_t l = 0; l < block_bytes; l += 64) __builtin_prefetch(blk + kPrefetchBlocks * block_bytes + l);
+  if constexpr (P == Prefetch::kNear) {
+    for (int64_t l = 0; l < block_bytes; l += 64) __builtin_prefetch(blk + kPrefetchBlocks * block_bytes + l, 0, 3);
+  } else if constexpr (P == Prefetch::kFar) {
+    for (int64_t l = 0; l < block_bytes; l += 64) __builtin_prefetch(blk + kFarBlocks * block_bytes + l, 0, 2);
+  }
 }
 
-// The K-quant kernels walk a super-block in quarters: each prefetches its own bytes
-// kPrefetchBytes ahead (about Q4_1's distance of 8 blocks).
-constexpr int64_t kPrefetchBytes = 2560;
-
+// The K-quant kernels walk a super-block in quarters: each prefetches its own bytes ahead.
+template <Prefetch P>
 inline void prefetch_span(const uint8_t* p, int64_t bytes) {
-  for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(p + kPrefetchBytes + l);
+  if constexpr (P == Prefetch::kNear) {
+    for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(p + kPrefetchBytes + l, 0, 3);
+  } else if constexpr (P == Prefetch::kFar) {
+    for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(p + kFarBytes + l, 0, 2);
+  }
 }
 
 }  // namespace sonarspec
