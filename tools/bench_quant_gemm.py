@@ -8,7 +8,7 @@ GGUF blocks (their values do not change the time). Median of the rounds.
     python tools/bench_quant_gemm.py [--d 4096] [--rows 1 2 4 8] [--mib 1024] [--json PATH] [--prefetch near far]
 
 ``--prefetch``: the block formats under each of the VNNI kernel's weight prefetch modes
-(``_C.set_quant_prefetch``), interleaved round by round.
+(``_C.set_weight_prefetch``), interleaved round by round.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def main() -> None:
             print(f"  {fmt:5s} skipped: its blocks take {cols} columns, which do not divide d {args.d}")
             continue
         ws, one = matrices(fmt, args.d, args.mib, rng)
-        modes = [None] if fmt == "bf16" else args.prefetch or [_C.quant_prefetch()]
+        modes = [None] if fmt == "bf16" else args.prefetch or [_C.weight_prefetch()]
         for m in args.rows:
             x = torch.randn(m, args.d)
             times = {mode: [] for mode in modes}
@@ -75,7 +75,7 @@ def main() -> None:
                 for _ in range(args.rounds):
                     for mode in modes:
                         if mode:
-                            _C.set_quant_prefetch(mode)
+                            _C.set_weight_prefetch(mode)
                         t0 = time.perf_counter()
                         for w in ws:
                             kernel_linear(x, w)

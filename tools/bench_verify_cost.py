@@ -9,7 +9,7 @@ same run. CPU float32 activations by default; ``--device cuda --dtype bfloat16``
                                       [--device cpu|cuda] [--dtype float32|bfloat16] [--prefetch near far none]
 
 ``--prefetch`` times every forward under each of the quantized GEMMs' weight prefetch modes
-(``_C.set_quant_prefetch``; the same results), interleaved in the same rounds.
+(``_C.set_weight_prefetch``; the same results), interleaved in the same rounds.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--prefetch", nargs="+", choices=["near", "far", "none"], default=None,
                     help="quantized GEMMs' weight prefetch modes to compare (default: this CPU's)")
     args = ap.parse_args()
-    modes = args.prefetch or [_C.quant_prefetch()]
+    modes = args.prefetch or [_C.weight_prefetch()]
     models = {args.model: forward_calls(args.model, args.context, args.device, args.dtype, args.quantization)}
     tmp = None
     if args.synthetic_200m:
@@ -79,7 +79,7 @@ def main() -> None:
         for name, (calls, _) in models.items():
             reps = 10 if name == args.model else 3
             for key in rotated(keys, r):
-                _C.set_quant_prefetch(key[0])
+                _C.set_weight_prefetch(key[0])
                 times[(name, key)].append(median_us(calls[key[1:]], reps, 2))
     results = []
     for name, (_, params) in models.items():

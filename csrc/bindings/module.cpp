@@ -299,10 +299,10 @@ PYBIND11_MODULE(_C, m) {
         "Whether bfloat16-weight GEMMs use VDPBF16PS here (AVX512_BF16, unless SONARSPEC_NO_BF16_DOT is set).");
   m.def("quant_kernel", &quant_kernel,
         "The column kernel of block-quantized GEMMs here: 'vnni', 'avx2' or 'portable' (SONARSPEC_QUANT_KERNEL caps it).");
-  m.def("quant_prefetch", &quant_prefetch,
-        "How the VNNI quantized GEMMs prefetch weights here: 'near', 'far' or 'none' (see quant_gemm.h).");
-  m.def("set_quant_prefetch", &set_quant_prefetch, py::arg("mode"),
-        "Switches the quantized GEMMs' weight prefetch ('near', 'far', 'none'); the results stay the same bits.");
+  m.def("weight_prefetch", &weight_prefetch_mode,
+        "How the VDPBF16PS and VNNI block-format GEMMs prefetch weights here: 'near', 'far' or 'none' (small_gemm.h).");
+  m.def("set_weight_prefetch", &set_weight_prefetch, py::arg("mode"),
+        "Switches the GEMMs' weight prefetch ('near', 'far', 'none'); the results stay the same bits.");
   m.def("quant_packed_bytes", [](int format, int64_t n, int64_t k) {
     return quant_packed_bytes(weight_format_of(format), n, k);
   }, "Bytes of a packed (n, k) block-quantized matrix (see quant_gemm.h).");

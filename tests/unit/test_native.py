@@ -220,6 +220,37 @@ def test_bf16_weight_kernels_without_amx_or_vdpbf16ps(env, probe):
     assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
+_PREFETCH_SCRIPT = """
+import json, torch
+from sonarspec_ext import _C
+from sonarspec_ext.ops.linear import kernel_linear
+g = torch.Generator().manual_seed(5)
+cases = [(torch.randn(m, k, generator=g), torch.randn(n, k, generator=g).bfloat16())
+         for m, n, k in ((1, 203, 45), (5, 96, 64), (8, 64, 1536), (13, 37, 256))]
+out = {"kernel": _C.bf16_dot_available()}
+for mode in ("near", "far", "none"):
+    _C.set_weight_prefetch(mode)
+    out[mode] = [kernel_linear(x, w).view(torch.int32).flatten().tolist() for x, w in cases]
+print(json.dumps(out))
+"""
+
+
+def test_vdpbf16ps_rows_are_the_same_bits_under_every_weight_prefetch():
+    """The VDPBF16PS kernel (AMX off) computes the same bits whichever way it prefetches."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, SONARSPEC_NO_AMX="1")
+    res = subprocess.run([sys.executable, "-c", _PREFETCH_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout)
+    if not out["kernel"]:
+        pytest.skip("no AVX512_BF16 here: the FMA fallback does not prefetch")
+    assert out["near"] == out["far"] == out["none"]
+
+
 @pytest.mark.parametrize("n, k", [(96, 64), (203, 45), (64, 1536)])
 def test_bf16_rows_agree_whatever_the_row_count(n, k):
     """Under inference every row count runs natively (on AMX tiles where the CPU has them:

@@ -134,7 +134,7 @@ from sonarspec_ext import _C
 from sonarspec_ext.ops.linear import kernel_linear
 from sonarspec_ext.ops.quantized import QuantizedMatrix
 g = torch.Generator().manual_seed(11)
-out = {"kernel": _C.quant_kernel(), "prefetch": _C.quant_prefetch()}
+out = {"kernel": _C.quant_kernel(), "prefetch": _C.weight_prefetch()}
 for fmt in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
     for m, n, k in ((1, 37, 96), (1, 14, 32), (2, 27, 64), (5, 40, 64), (9, 23, 160), (4, 16, 32)):
         qm = QuantizedMatrix.quantize(torch.randn(n, k, generator=g), fmt)
@@ -173,11 +173,11 @@ print(json.dumps(out))
 def _run(kernel=None, prefetch=None):
     env = dict(os.environ)
     env.pop("SONARSPEC_QUANT_KERNEL", None)
-    env.pop("SONARSPEC_QUANT_PREFETCH", None)
+    env.pop("SONARSPEC_WEIGHT_PREFETCH", None)
     if kernel:
         env["SONARSPEC_QUANT_KERNEL"] = kernel
     if prefetch:
-        env["SONARSPEC_QUANT_PREFETCH"] = prefetch
+        env["SONARSPEC_WEIGHT_PREFETCH"] = prefetch
     tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     res = subprocess.run([sys.executable, "-c", _SCRIPT, tests_dir], capture_output=True, text=True, env=env,
                          timeout=120)
@@ -206,17 +206,17 @@ def test_every_kernel_gives_the_portable_bits():
 
 
 def test_prefetch_modes_switch_and_unknown_ones_raise():
-    was = _C.quant_prefetch()
+    was = _C.weight_prefetch()
     assert was in ("near", "far", "none")
     try:
         for mode in ("near", "far", "none"):
-            _C.set_quant_prefetch(mode)
-            assert _C.quant_prefetch() == mode
+            _C.set_weight_prefetch(mode)
+            assert _C.weight_prefetch() == mode
         with pytest.raises(ValueError, match="'l3' is not one of near, far, none"):
-            _C.set_quant_prefetch("l3")
-        assert _C.quant_prefetch() == "none"
+            _C.set_weight_prefetch("l3")
+        assert _C.weight_prefetch() == "none"
     finally:
-        _C.set_quant_prefetch(was)
+        _C.set_weight_prefetch(was)
 
 
 def test_bad_shapes_and_formats_raise():

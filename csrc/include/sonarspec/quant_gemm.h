@@ -36,7 +36,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include "sonarspec/small_gemm.h"   // WeightFormat
 
@@ -58,13 +57,5 @@ void quant_gemm(const float* x, const uint8_t* w, WeightFormat format, const flo
 // SONARSPEC_QUANT_KERNEL=avx2|portable caps the choice (for tests and comparisons); all
 // three compute the same bits.
 const char* quant_kernel();
-
-// How the VNNI kernel prefetches the weight stream: "near" (into L1, 8 blocks ahead; the
-// K-quants 2560 bytes), "far" (into L2, 32 blocks or 10240 bytes ahead; nothing in a pass of
-// one activation row over a 32-column format) or "none". Chosen once per CPU - far on AMD Zen 4, else near -
-// unless SONARSPEC_QUANT_PREFETCH names one; set_quant_prefetch switches it (for comparisons;
-// an unknown name is std::invalid_argument). The results are the same bits.
-const char* quant_prefetch();
-void set_quant_prefetch(const std::string& mode);
 
 }  // namespace sonarspec

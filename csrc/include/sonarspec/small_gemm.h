@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace sonarspec {
 
@@ -40,6 +41,15 @@ enum class WeightFormat : int { kF32 = 0, kBF16 = 1, kQ8_0 = 2, kQ4_0 = 3, kQ4_1
 // The GEMM for the weights' format: small_gemm_f32, small_gemm_bf16w or quant_gemm.
 void small_gemm_any(const float* x, const void* w, WeightFormat format, const float* bias, float* y, int64_t m,
                     int64_t n, int64_t k, int num_threads);
+
+// How the VDPBF16PS and the VNNI block-format kernels prefetch their weights: "near" (into
+// L1: 2 groups of 4 weight rows ahead; 8 blocks, the K-quants 2560 bytes), "far" (into L2: 4
+// groups; 32 blocks or 10240 bytes; nothing in a pass of one activation row over a 32-column
+// block format) or "none". Chosen once per CPU - far on AMD Zen 4, else near - unless
+// SONARSPEC_WEIGHT_PREFETCH names one; set_weight_prefetch switches it (for comparisons; an
+// unknown name is std::invalid_argument). The results are the same bits.
+const char* weight_prefetch_mode();
+void set_weight_prefetch(const std::string& mode);
 
 }  // namespace sonarspec
 

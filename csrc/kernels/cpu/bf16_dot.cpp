@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "vec.h"   // env_flag, hsum_avx2
+#include "weight_prefetch.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -47,11 +48,18 @@ BF16_ATTR inline __m256 fold(__m512 v) {
 
 BF16_ATTR inline float hsum(__m512 v512) { return hsum_avx2(fold(v512)); }
 
-// Weight rows are prefetched two blocks ahead: they arrive from L3 (the model's other
-// layers evicted them), and without it the rows' loads stall the multiply-adds (measured
-// on Zen 4 with weights cycling through 16 MiB: 5 rows x 1536 x 256 in 35 us unprefetched,
-// 20 us two blocks ahead; one block ahead 21 us, four 21 us).
-constexpr int kPrefetchBlocks = 2;
+// Weight rows are prefetched (weight_prefetch.h) two groups of rows ahead into L1 (near) or
+// four into L2 (far): without it the rows' loads stall the multiply-adds (on Zen 4, weights
+// cycling through 16 MiB: 5 rows x 1536 x 256 in 35 us unprefetched, 20 us two groups ahead;
+// from DRAM, a SmolLM2 forward took 0.7-0.8x the near time with far: docs/models.md).
+template <Prefetch P, int NR>
+BF16_ATTR inline void prefetch_rows(const uint16_t* w, int64_t n0, int64_t j, int64_t k, int64_t kk) {
+  if constexpr (P == Prefetch::kNear) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + (n0 + 2 * NR + j) * k + kk), _MM_HINT_T0);
+  } else if constexpr (P == Prefetch::kFar) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + (n0 + 4 * NR + j) * k + kk), _MM_HINT_T1);
+  }
+}
 
 // 32 columns of k (one cache line of each weight row): MR rows of activations (row stride
 // ldx) against NR rows of weights.
@@ -64,7 +72,7 @@ BF16_ATTR inline void step(__m512 (&acc)[MR][NR], const uint16_t* xb, int64_t ld
 }
 
 // Rows [m0, m0 + MR) of xb against weight rows [n0, n0 + NR), NR = 4 or 1.
-template <int MR, int NR>
+template <int MR, int NR, Prefetch P>
 BF16_ATTR void block(const uint16_t* xb, int64_t ldx, const uint16_t* w, float* y, int64_t m0, int64_t n0,
                      int64_t n, int64_t k) {
   __m512 acc[MR][NR];
@@ -75,7 +83,7 @@ BF16_ATTR void block(const uint16_t* xb, int64_t ldx, const uint16_t* w, float* 
   for (; kk + 32 <= k; kk += 32) {
     for (int j = 0; j < NR; ++j) {
       wv[j] = (__m512bh)_mm512_loadu_si512(w + (n0 + j) * k + kk);
-      _mm_prefetch(reinterpret_cast<const char*>(w + (n0 + kPrefetchBlocks * NR + j) * k + kk), _MM_HINT_T0);
+      prefetch_rows<P, NR>(w, n0, j, k, kk);
     }
     step<MR, NR>(acc, xb + m0 * ldx + kk, ldx, wv);
   }
@@ -98,18 +106,18 @@ BF16_ATTR void block(const uint16_t* xb, int64_t ldx, const uint16_t* w, float* 
 
 // MR <= 8 rows: up to six in one group, else four and the rest against the same weight
 // rows (the second group reads them from L1).
-template <int MR>
+template <int MR, Prefetch P>
 BF16_ATTR void pass(const uint16_t* xb, int64_t ldx, const uint16_t* w, float* y, int64_t m0, int64_t n, int64_t k,
                     int64_t n_begin, int64_t n_end) {
   constexpr int HI = MR <= 6 ? MR : 4, LO = MR - HI;
   int64_t j = n_begin;
   for (; j + 4 <= n_end; j += 4) {
-    block<HI, 4>(xb, ldx, w, y, m0, j, n, k);
-    if constexpr (LO > 0) block<LO, 4>(xb, ldx, w, y, m0 + HI, j, n, k);
+    block<HI, 4, P>(xb, ldx, w, y, m0, j, n, k);
+    if constexpr (LO > 0) block<LO, 4, P>(xb, ldx, w, y, m0 + HI, j, n, k);
   }
   for (; j < n_end; ++j) {
-    block<HI, 1>(xb, ldx, w, y, m0, j, n, k);
-    if constexpr (LO > 0) block<LO, 1>(xb, ldx, w, y, m0 + HI, j, n, k);
+    block<HI, 1, P>(xb, ldx, w, y, m0, j, n, k);
+    if constexpr (LO > 0) block<LO, 1, P>(xb, ldx, w, y, m0 + HI, j, n, k);
   }
 }
 
@@ -145,18 +153,21 @@ bool bf16_dot_available() {
 
 void bf16_dot_rows(const uint16_t* xb, int64_t ldx, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
                    int64_t n_begin, int64_t n_end) {
-  for (int64_t i = 0; i < m; i += 8) {
-    switch (m - i < 8 ? m - i : 8) {
-      case 1: pass<1>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
-      case 2: pass<2>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
-      case 3: pass<3>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
-      case 4: pass<4>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
-      case 5: pass<5>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
-      case 6: pass<6>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
-      case 7: pass<7>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
-      default: pass<8>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
+  with_prefetch([&](auto pf) {
+    constexpr Prefetch P = decltype(pf)::value;
+    for (int64_t i = 0; i < m; i += 8) {
+      switch (m - i < 8 ? m - i : 8) {
+        case 1: pass<1, P>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
+        case 2: pass<2, P>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
+        case 3: pass<3, P>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
+        case 4: pass<4, P>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
+        case 5: pass<5, P>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
+        case 6: pass<6, P>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
+        case 7: pass<7, P>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
+        default: pass<8, P>(xb, ldx, w, y, i, n, k, n_begin, n_end); break;
+      }
     }
-  }
+  });
 }
 
 void round_rows_to_bf16(const float* x, uint16_t* xb, int64_t m, int64_t k, int64_t ldx) {

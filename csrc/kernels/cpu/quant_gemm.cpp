@@ -4,10 +4,6 @@
 #include "sonarspec/quant_gemm.h"
 
 #include <algorithm>
-#include <atomic>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -44,30 +40,6 @@ Kernel kernel_here() {
   }();
   return k;
 }
-
-Prefetch prefetch_named(const std::string& mode) {
-  if (mode == "near") return Prefetch::kNear;
-  if (mode == "far") return Prefetch::kFar;
-  if (mode == "none") return Prefetch::kNone;
-  throw std::invalid_argument("quant prefetch: '" + mode + "' is not one of near, far, none");
-}
-
-// AMD Zen 4 (family 25 with AVX-512) streams the weights faster prefetching them into L2
-// from further ahead (docs/quantization.md has the measurements).
-Prefetch prefetch_here() {
-  Prefetch p = Prefetch::kNear;
-#if defined(__x86_64__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__builtin_cpu_is("amd") && __get_cpuid(1, &a, &b, &c, &d)) {
-    const unsigned family = ((a >> 8) & 0xf) + ((a >> 20) & 0xff);
-    if (family == 25 && __builtin_cpu_supports("avx512f")) p = Prefetch::kFar;
-  }
-#endif
-  const char* env = std::getenv("SONARSPEC_QUANT_PREFETCH");
-  return env != nullptr ? prefetch_named(env) : p;
-}
-
-std::atomic<int> g_prefetch{-1};   // a Prefetch once chosen
 
 bool is_quantized(WeightFormat f) {
   return f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1 || has_fifth_bit(f) ||
@@ -219,24 +191,6 @@ void quant_cols_scalar(const QuantizedRows& x, int64_t m, const uint8_t* w, Weig
   const auto row = is_k_quant(f) ? k_quant_row : block_row;
   for (int64_t j = n_begin; j < n_end; ++j)
     for (int64_t i = 0; i < m; ++i) y[i * n + j] = row(x, i, w + (j / 16) * group_bytes, j % 16, f);
-}
-
-Prefetch weight_prefetch() {
-  int p = g_prefetch.load(std::memory_order_relaxed);
-  if (p < 0) {
-    p = static_cast<int>(prefetch_here());
-    g_prefetch.store(p, std::memory_order_relaxed);
-  }
-  return static_cast<Prefetch>(p);
-}
-
-const char* quant_prefetch() {
-  static const char* const names[] = {"near", "far", "none"};
-  return names[static_cast<int>(weight_prefetch())];
-}
-
-void set_quant_prefetch(const std::string& mode) {
-  g_prefetch.store(static_cast<int>(prefetch_named(mode)), std::memory_order_relaxed);
 }
 
 int64_t quant_block_columns(WeightFormat format) {

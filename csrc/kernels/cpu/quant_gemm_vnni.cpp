@@ -263,12 +263,7 @@ QG_ATTR void quantize_blocks_vnni(const float* x, int64_t num_blocks, int8_t* q,
 void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                      int64_t n_begin, int64_t n_end) {
   with_any_format(f, [&](auto fmt) {
-    constexpr WeightFormat F = decltype(fmt)::value;
-    switch (weight_prefetch()) {
-      case Prefetch::kFar: return cols<F, Prefetch::kFar>(x, m, w, n, y, n_begin, n_end);
-      case Prefetch::kNone: return cols<F, Prefetch::kNone>(x, m, w, n, y, n_begin, n_end);
-      default: return cols<F, Prefetch::kNear>(x, m, w, n, y, n_begin, n_end);
-    }
+    with_prefetch([&](auto pf) { cols<decltype(fmt)::value, decltype(pf)::value>(x, m, w, n, y, n_begin, n_end); });
   });
 }
 SONARSPEC_INTRINSIC_WARNINGS_ON

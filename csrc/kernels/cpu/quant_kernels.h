@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "sonarspec/small_gemm.h"   // WeightFormat
+#include "weight_prefetch.h"
 
 namespace sonarspec {
 
@@ -138,16 +139,12 @@ void with_rows(int64_t rows, Fn&& fn) {
   }
 }
 
-// How the column kernels prefetch their weight stream - the hardware prefetchers alone let
-// the dot products and the weight stream take turns (a SmolLM2 Q4_1 decode forward took 1.5x
-// as long without it on an Intel VM). kNear: into L1, kPrefetchBlocks blocks ahead (the K-quants
-// kPrefetchBytes); kFar: into L2, kFarBlocks blocks (kFarBytes) ahead, which AMD Zen 4 streams
-// faster with (weight_prefetch() picks per CPU; SONARSPEC_QUANT_PREFETCH=near|far|none
-// overrides). Groups follow each other in memory, so this runs on into the next group; a
-// prefetch past the matrix is harmless.
-enum class Prefetch { kNear, kFar, kNone };
-Prefetch weight_prefetch();   // quant_gemm.cpp
-
+// How the column kernels prefetch their weight stream (weight_prefetch.h) - the hardware
+// prefetchers alone let the dot products and the weight stream take turns (a SmolLM2 Q4_1
+// decode forward took 1.5x as long without it on an Intel VM). kNear: into L1,
+// kPrefetchBlocks blocks ahead (the K-quants kPrefetchBytes); kFar: into L2, kFarBlocks blocks
+// (kFarBytes) ahead. Groups follow each other in memory, so this runs on into the next group;
+// a prefetch past the matrix is harmless.
 constexpr int64_t kPrefetchBlocks = 8, kFarBlocks = 32;
 constexpr int64_t kPrefetchBytes = 2560, kFarBytes = 10240;   // the K-quants' (about Q4_1's distances)
 

@@ -105,7 +105,7 @@ def bench_quantized(model: str = "smollm2", mtp: Optional[str] = None, max_token
     return {"model": src, "mtp": mtp, "draft": draft, "draft_quantization": draft_quantization,
             "lookup_draft_tokens": lookup_tokens,
             "max_tokens": max_tokens, "repeats": repeats, "threads": threads, "cpu": cpu_info(),
-            "quant_kernel": _C.quant_kernel(), "quant_prefetch": _C.quant_prefetch(), "read_bandwidth_gbs": round(gbs, 2), "num_prompts": len(prompts),
+            "quant_kernel": _C.quant_kernel(), "weight_prefetch": _C.weight_prefetch(), "read_bandwidth_gbs": round(gbs, 2), "num_prompts": len(prompts),
             "llama_cpp": _llama_cpp_version() if llama_cpp else None, "torch": torch.__version__, "results": rows}
 
 
@@ -117,7 +117,7 @@ def _llama_cpp_version() -> str:
 def print_quantized_table(info: dict) -> None:
     print(f"{info['model']}: batch 1, greedy, {info['num_prompts']} chat prompts x {info['max_tokens']} tokens, "
           f"{info['threads']} threads, read bandwidth {info['read_bandwidth_gbs']:.1f} GB/s, "
-          f"{info.get('quant_kernel', '?')} kernel ({info.get('quant_prefetch', 'near')} prefetch), "
+          f"{info.get('quant_kernel', '?')} kernel ({info.get('weight_prefetch', 'near')} prefetch), "
           f"median of {info['repeats']}")
     for r in info["results"]:
         line = (f"  {r['path']}: {r['bytes_per_token'] / 1e6:.1f} MB/token, floor {r['floor_tok_s']:.0f} tok/s | "
