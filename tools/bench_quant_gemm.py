@@ -7,8 +7,8 @@ GGUF blocks (their values do not change the time). Median of the rounds.
 
     python tools/bench_quant_gemm.py [--d 4096] [--rows 1 2 4 8] [--mib 1024] [--json PATH] [--prefetch near far]
 
-``--prefetch``: the block formats under each of the VNNI kernel's weight prefetch modes
-(``_C.set_weight_prefetch``), interleaved round by round.
+``--prefetch``: every format under each of the weight prefetch modes of the VDPBF16PS and VNNI
+kernels (``_C.set_weight_prefetch``; AMX tiles ignore it), interleaved round by round.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def main() -> None:
             print(f"  {fmt:5s} skipped: its blocks take {cols} columns, which do not divide d {args.d}")
             continue
         ws, one = matrices(fmt, args.d, args.mib, rng)
-        modes = [None] if fmt == "bf16" else args.prefetch or [_C.weight_prefetch()]
+        modes = args.prefetch or [_C.weight_prefetch()]
         for m in args.rows:
             x = torch.randn(m, args.d)
             times = {mode: [] for mode in modes}
@@ -74,8 +74,7 @@ def main() -> None:
                     kernel_linear(x, w)
                 for _ in range(args.rounds):
                     for mode in modes:
-                        if mode:
-                            _C.set_weight_prefetch(mode)
+                        _C.set_weight_prefetch(mode)
                         t0 = time.perf_counter()
                         for w in ws:
                             kernel_linear(x, w)
@@ -84,9 +83,9 @@ def main() -> None:
                 t = statistics.median(times[mode])
                 row = {"format": fmt, "rows": m, "bytes": one, "us": round(t * 1e6, 1),
                        "weight_gbs": round(one / t / 1e9, 2), "of_bandwidth": round(one / t / 1e9 / gbs, 3),
-                       **({"prefetch": mode} if mode else {})}
+                       "prefetch": mode}
                 rows.append(row)
-                print(f"  {fmt:5s} M {m}{f' {mode:4s}' if args.prefetch and mode else ''}: {row['us']:8.1f} us per "
+                print(f"  {fmt:5s} M {m}{f' {mode:4s}' if args.prefetch else ''}: {row['us']:8.1f} us per "
                       f"matrix ({one / 2**20:5.1f} MiB), {row['weight_gbs']:5.1f} GB/s of weights = "
                       f"{row['of_bandwidth']:.0%} of the read bandwidth")
         del ws
