@@ -8,7 +8,7 @@ same run. CPU float32 activations by default; ``--device cuda --dtype bfloat16``
     python tools/bench_verify_cost.py [--json PATH] [--context 100 [400 1024]] [--model DIR] [--synthetic-200m]
                                       [--device cpu|cuda] [--dtype float32|bfloat16] [--prefetch near far none]
 
-``--prefetch`` times every forward under each of the quantized GEMMs' weight prefetch modes
+``--prefetch`` times every forward under each weight prefetch mode of the VDPBF16PS and block GEMMs
 (``_C.set_weight_prefetch``; the same results), interleaved in the same rounds.
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--quantization", default="none", choices=QUANTIZATION_CHOICES,
                     help="weights of --model (default none: float weights; auto: a GGUF file's own blocks)")
     ap.add_argument("--prefetch", nargs="+", choices=["near", "far", "none"], default=None,
-                    help="quantized GEMMs' weight prefetch modes to compare (default: this CPU's)")
+                    help="weight prefetch modes of the CPU GEMMs to compare (default: this CPU's)")
     args = ap.parse_args()
     modes = args.prefetch or [_C.weight_prefetch()]
     models = {args.model: forward_calls(args.model, args.context, args.device, args.dtype, args.quantization)}

@@ -105,7 +105,8 @@ def bench_quantized(model: str = "smollm2", mtp: Optional[str] = None, max_token
     return {"model": src, "mtp": mtp, "draft": draft, "draft_quantization": draft_quantization,
             "lookup_draft_tokens": lookup_tokens,
             "max_tokens": max_tokens, "repeats": repeats, "threads": threads, "cpu": cpu_info(),
-            "quant_kernel": _C.quant_kernel(), "weight_prefetch": _C.weight_prefetch(), "read_bandwidth_gbs": round(gbs, 2), "num_prompts": len(prompts),
+            "quant_kernel": _C.quant_kernel(), "weight_prefetch": _C.weight_prefetch(),
+            "read_bandwidth_gbs": round(gbs, 2), "num_prompts": len(prompts),
             "llama_cpp": _llama_cpp_version() if llama_cpp else None, "torch": torch.__version__, "results": rows}
 
 
