@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "vec.h"   // prefetch_lines
+
 namespace sonarspec {
 
 constexpr int kChunk = 16;
@@ -55,13 +57,6 @@ ChunkUpdate chunk_update_avx512(int64_t head_dim);
 ChunkUpdateBF16 chunk_update_bf16_avx512(int64_t head_dim);
 ChunkUpdate chunk_update_avx2(int64_t head_dim);
 ChunkUpdateBF16 chunk_update_bf16_avx2(int64_t head_dim);
-
-// Fetches the cache lines of `bytes` bytes at `p` into every cache level (kLocality 3) or
-// into L2 and beyond (2).
-template <int kLocality = 3>
-inline void prefetch_lines(const char* p, int64_t bytes) {
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, kLocality);
-}
 
 // Prefetches the key and value rows of `ahead` [from, to).
 template <int kLocality = 3>

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "sonarspec/small_gemm.h"   // WeightFormat
+#include "vec.h"   // prefetch_lines
 #include "weight_prefetch.h"
 
 namespace sonarspec {
@@ -148,24 +149,28 @@ void with_rows(int64_t rows, Fn&& fn) {
 constexpr int64_t kPrefetchBlocks = 8, kFarBlocks = 32;
 constexpr int64_t kPrefetchBytes = 2560, kFarBytes = 10240;   // the K-quants' (about Q4_1's distances)
 
-// The cache lines of the block of block_bytes kPrefetchBlocks (into L1) or kFarBlocks (into L2) blocks after blk.
+// The cache lines of `bytes` bytes at p, prefetched near_ahead bytes further on into L1
+// (kNear) or far_ahead bytes further on into L2 (kFar).
 template <Prefetch P>
-inline void prefetch_ahead(const uint8_t* blk, int64_t block_bytes) {
+inline void prefetch_weights(const uint8_t* p, int64_t bytes, int64_t near_ahead, int64_t far_ahead) {
   if constexpr (P == Prefetch::kNear) {
-    for (int64_t l = 0; l < block_bytes; l += 64) __builtin_prefetch(blk + kPrefetchBlocks * block_bytes + l, 0, 3);
+    prefetch_lines<3>(reinterpret_cast<const char*>(p) + near_ahead, bytes);
   } else if constexpr (P == Prefetch::kFar) {
-    for (int64_t l = 0; l < block_bytes; l += 64) __builtin_prefetch(blk + kFarBlocks * block_bytes + l, 0, 2);
+    prefetch_lines<2>(reinterpret_cast<const char*>(p) + far_ahead, bytes);
   }
 }
 
-// The K-quant kernels walk a super-block in quarters: each prefetches its own bytes ahead.
+// The block of block_bytes at blk, kPrefetchBlocks or kFarBlocks blocks ahead.
+template <Prefetch P>
+inline void prefetch_ahead(const uint8_t* blk, int64_t block_bytes) {
+  prefetch_weights<P>(blk, block_bytes, kPrefetchBlocks * block_bytes, kFarBlocks * block_bytes);
+}
+
+// The K-quant kernels walk a super-block in quarters: each prefetches its own bytes
+// kPrefetchBytes or kFarBytes ahead.
 template <Prefetch P>
 inline void prefetch_span(const uint8_t* p, int64_t bytes) {
-  if constexpr (P == Prefetch::kNear) {
-    for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(p + kPrefetchBytes + l, 0, 3);
-  } else if constexpr (P == Prefetch::kFar) {
-    for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(p + kFarBytes + l, 0, 2);
-  }
+  prefetch_weights<P>(p, bytes, kPrefetchBytes, kFarBytes);
 }
 
 }  // namespace sonarspec

@@ -164,4 +164,11 @@ inline void exp_inplace(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] = std::exp(x[i]);
 }
 
+// Fetches the cache lines of `bytes` bytes at `p` into every cache level (kLocality 3) or
+// into L2 and beyond (2).
+template <int kLocality = 3>
+inline void prefetch_lines(const char* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, kLocality);
+}
+
 }  // namespace sonarspec
