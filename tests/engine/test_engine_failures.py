@@ -36,6 +36,29 @@ def test_a_failing_step_fails_only_its_requests(llama_dir, monkeypatch):
     assert again.token_ids == outs[1].token_ids
 
 
+def test_a_step_failing_before_it_schedules_ends_the_requests(llama_dir, monkeypatch):
+    """Planning that raises every time: the waiting requests end with the error instead of the
+    engine retrying forever; it serves again once planning works."""
+    llm = LLM(llama_dir, max_num_seqs=1)
+    ref = llm.generate([[4, 5, 6]], GREEDY)[0].token_ids
+    real_plan = llm.engine._plan
+
+    def broken():
+        raise RuntimeError("injected planning failure")
+    monkeypatch.setattr(llm.engine, "_plan", broken)
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(outs=llm.generate([[1, 2, 3], [4, 5, 6]], GREEDY)),
+                              daemon=True)   # should it loop forever, the test still ends
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "generate did not return after a step failed before scheduling"
+    assert [o.finish_reason for o in result["outs"]] == ["error", "error"]
+    assert all("injected planning failure" in o.error for o in result["outs"])
+    _consistent(llm)
+    monkeypatch.setattr(llm.engine, "_plan", real_plan)
+    assert llm.generate([[4, 5, 6]], GREEDY)[0].token_ids == ref
+
+
 @pytest.mark.parametrize("method", ["none", "mtp"])
 def test_interrupt_while_generating_rolls_back(llama_dir, heads, monkeypatch, method):
     spec = SpecConfig(method=method, draft=heads["random"] if method == "mtp" else None, num_draft_tokens=2)

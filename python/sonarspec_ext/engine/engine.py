@@ -172,7 +172,9 @@ class Engine:
 
         A step that raises finishes the sequences it had scheduled with reason ``"error"``
         (the exception's text in ``error``), releasing their pages; the engine stays
-        consistent and serves everything else. An ``Exception`` is not re-raised; anything
+        consistent and serves everything else. An ``Exception`` raised before the step
+        scheduled any sequence (its planning failed, and would fail again at every retry)
+        finishes every unfinished sequence so. An ``Exception`` is not re-raised; anything
         else (``KeyboardInterrupt``) is, after the clean-up."""
         self._step_seq_ids = []
         with self.runner.threads.native():
@@ -185,14 +187,17 @@ class Engine:
                 return []
 
     def _fail_step(self, error: BaseException) -> None:
-        log.error("engine step failed (%s: %s); its %d request(s) finish with an error", type(error).__name__,
-                  error, len(self._step_seq_ids), exc_info=error)
+        failed = self._step_seq_ids
+        if not failed and isinstance(error, Exception):   # planning failed: no retry gets past it
+            failed = [sid for sid, seq in self.seqs.items() if not seq.finished]
+        log.error("engine step failed (%s: %s); %d request(s) finish with an error", type(error).__name__, error,
+                  len(failed), exc_info=error)
         if self._next_plan is not None:
             try:
                 self._next_plan.wait()
             finally:
                 self._next_plan = None
-        for sid in self._step_seq_ids:
+        for sid in failed:
             seq = self.seqs.get(sid)
             if seq is not None and not seq.finished:
                 seq.error = f"{type(error).__name__}: {error}"
