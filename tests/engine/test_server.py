@@ -363,3 +363,22 @@ def test_n_choices_stream_with_their_indices(server):
     assert texts == {j: w.text for j, w in enumerate(want)}
     assert usage.prompt_tokens == len(want[0].prompt_token_ids)
     assert usage.completion_tokens == sum(len(w.token_ids) for w in want)
+
+
+def test_a_request_whose_planning_fails_is_answered_and_serving_goes_on(server, monkeypatch):
+    """Planning that raises at every step: the request gets an OpenAI-shaped error naming the
+    failure (the engine loop used to retry the step forever, the client waiting until its
+    timeout); once planning works again the server answers as the library does."""
+    url, app, llm, oracle = server
+    body = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0}
+
+    def broken():
+        raise RuntimeError("injected planning failure")
+    monkeypatch.setattr(llm.engine, "_plan", broken)
+    r = _post(url, "/v1/completions", body)
+    assert r.status_code in (400, 500) and "injected planning failure" in r.json()["error"]["message"], r.text
+    monkeypatch.undo()
+    r = _post(url, "/v1/completions", body)
+    want = oracle.generate(["def add(a, b):"], SamplingParams(max_tokens=8, temperature=0))[0]
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == want.text
+    _wait_until_idle(app, llm)
