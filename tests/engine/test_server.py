@@ -376,9 +376,33 @@ def test_a_request_whose_planning_fails_is_answered_and_serving_goes_on(server, 
         raise RuntimeError("injected planning failure")
     monkeypatch.setattr(llm.engine, "_plan", broken)
     r = _post(url, "/v1/completions", body)
-    assert r.status_code in (400, 500) and "injected planning failure" in r.json()["error"]["message"], r.text
+    error = r.json()["error"]   # the engine's fault, not the request's
+    assert r.status_code == 500 and error["type"] == "server_error", r.text
+    assert "injected planning failure" in error["message"], r.text
     monkeypatch.undo()
     r = _post(url, "/v1/completions", body)
     want = oracle.generate(["def add(a, b):"], SamplingParams(max_tokens=8, temperature=0))[0]
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == want.text
+    _wait_until_idle(app, llm)
+
+
+def test_a_request_the_engine_refuses_is_the_clients_error(server, monkeypatch):
+    """A request the engine refuses at admission (``add_request`` raising ValueError) is a
+    400 invalid_request_error carrying the engine's message, streamed or not; a failure
+    while it runs is a 500 (the test above)."""
+    url, app, llm, _ = server
+
+    def refuse(*args, **kwargs):
+        raise ValueError("injected refusal")
+    monkeypatch.setattr(llm.engine, "add_request", refuse)
+    body = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0}
+    r = _post(url, "/v1/completions", body)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["type"] == "invalid_request_error", r.text
+    assert error["message"] == "injected refusal"
+    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True},
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
+        events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    errors = [e["error"] for e in events if "error" in e]
+    assert [(e["type"], e["message"]) for e in errors] == [("invalid_request_error", "injected refusal")]
     _wait_until_idle(app, llm)

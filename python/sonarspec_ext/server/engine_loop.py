@@ -27,12 +27,15 @@ class Delta:
 
 @dataclass
 class Done:
-    """A request's end: the reason, token counts, speculation statistics."""
+    """A request's end: the reason, token counts, speculation statistics; with reason
+    "error" its text, and ``rejected`` when the engine refused the request itself (a client
+    error) rather than failing while running it (a server error)."""
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     stats: dict = field(default_factory=dict)
     error: Optional[str] = None
+    rejected: bool = False
 
 
 @dataclass
@@ -126,7 +129,8 @@ class EngineLoop:
                 with self.llm._lock:
                     sid = self.llm.engine.add_request(prompt_ids, params)
             except ValueError as e:
-                loop.call_soon_threadsafe(out.put_nowait, Done("error", len(prompt_ids), 0, error=str(e)))
+                loop.call_soon_threadsafe(out.put_nowait, Done("error", len(prompt_ids), 0, error=str(e),
+                                                                  rejected=True))
                 return
             self._keys[key] = sid
             self._key_of[sid] = key

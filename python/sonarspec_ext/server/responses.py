@@ -51,6 +51,12 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
     return JSONResponse(error_body(message, kind, code=str(status), param=param), status_code=status)
 
 
+def _error_status(done: Done) -> Tuple[int, str]:
+    """(HTTP status, OpenAI error type) of a choice that ended in an error: a request the
+    engine refused is the client's error, a failure while it ran is the server's."""
+    return (400, "invalid_request_error") if done.rejected else (500, "server_error")
+
+
 def _usage(choices: Sequence[Choice], dones: Sequence[Done]) -> Dict[str, int]:
     return usage(sum(d.prompt_tokens for (_, _, counted), d in zip(choices, dones) if counted),
                  sum(d.completion_tokens for d in dones))
@@ -93,9 +99,8 @@ async def _whole(request, loop, choices, rid, model_name, chat, token_text):
         return error_response(499, "client closed the request")
     for _, _, done in results:
         if done.finish_reason == "error":
-            first = done.completion_tokens == 0
-            return error_response(400 if first else 500, done.error or "generation failed",
-                          "invalid_request_error" if first else "server_error")
+            status, kind = _error_status(done)
+            return error_response(status, done.error or "generation failed", kind)
     dones = [done for _, _, done in results]
     bodies = [choice_body(i, text, done.finish_reason, chat, logprobs_body(entries, token_text, chat))
               for i, (text, entries, done) in enumerate(results)]
@@ -152,7 +157,7 @@ async def _stream(request, loop, choices, req, rid, model_name, chat, token_text
                     yield _sse(chunk_body(rid, model_name, created, chat, text=ev.text, logprobs=lp, index=i))
             elif ev.finish_reason == "error":
                 dones[i] = ev
-                yield _sse(error_body(ev.error or "generation failed", "server_error"))
+                yield _sse(error_body(ev.error or "generation failed", _error_status(ev)[1]))
             else:
                 dones[i] = ev
                 yield _sse(chunk_body(rid, model_name, created, chat, reason=ev.finish_reason, index=i))
