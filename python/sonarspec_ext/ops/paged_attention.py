@@ -56,16 +56,25 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         return _paged_attention_cuda(q, k_pool, v_pool, block_table, page_size, token_seq, key_begin, key_end, scale,
                                      tree_begin, tree_mask, check)
     out = torch.empty(T, H * D, dtype=torch.float32)
-    no_keys = _C.paged_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), DTYPE_CODES[k_pool.dtype],
-                                 block_table.data_ptr(),
-                                 block_table.shape[0], block_table.shape[1], page_size,
-                                 token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(),
-                                 0 if tree_begin is None else tree_begin.data_ptr(),
-                                 0 if tree_mask is None else tree_mask.data_ptr(), out.data_ptr(), T, H,
-                                 k_pool.shape[1], D, k_pool.shape[0], float(scale), native_threads())
+    no_keys = paged_attention_cpu_into(out, q, k_pool, v_pool, block_table, page_size, token_seq, key_begin, key_end,
+                                       scale, tree_begin, tree_mask)
     if no_keys:
         _bad_tokens(no_keys, block_table)
     return out
+
+
+def paged_attention_cpu_into(out: torch.Tensor, q, k_pool, v_pool, block_table, page_size: int, token_seq,
+                             key_begin, key_end, scale: float, tree_begin=None, tree_mask=None) -> int:
+    """The CPU kernel of ``paged_attention`` writing into ``out`` (num_tokens, num_heads *
+    head_dim) float32, with none of its argument checks - for arguments it has accepted,
+    as when a benchmark times the kernel alone; returns the count of tokens that read no key."""
+    T, H, D = q.shape
+    return _C.paged_attention(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), DTYPE_CODES[k_pool.dtype],
+                              block_table.data_ptr(), block_table.shape[0], block_table.shape[1], page_size,
+                              token_seq.data_ptr(), key_begin.data_ptr(), key_end.data_ptr(),
+                              0 if tree_begin is None else tree_begin.data_ptr(),
+                              0 if tree_mask is None else tree_mask.data_ptr(), out.data_ptr(), T, H,
+                              k_pool.shape[1], D, k_pool.shape[0], float(scale), native_threads())
 
 
 def _bad_tokens(n: int, block_table: torch.Tensor):
