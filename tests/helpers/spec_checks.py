@@ -1,6 +1,8 @@
 """Checks shared by the speculation tests (draft_target, mtp): a random serving
 workload, greedy output against transformers with stops, and the sampled-token law."""
+import itertools
 import random
+from unittest import mock
 
 import torch
 
@@ -61,13 +63,19 @@ def exact_second_token_law(path, prompt, temperature, top_k, top_p):
     return p1.double(), (p1[support, None] * p2).sum(0).double()
 
 
-def check_sampled_law(llm, model_dir, temperature, top_k, top_p, n=1000, prompt=(5, 17, 42)):
+def check_sampled_law(llm, model_dir, temperature, top_k, top_p, n=1000, prompt=(5, 17, 42), seeded=False):
     """Chi-square (significance 0.001) of the first two sampled tokens against the exact
-    law of the processed target; returns the engine stats."""
+    law of the processed target; returns the engine stats. Unseeded requests (rejection
+    sampling) get generators seeded 0 .. n - 1 in turn, so the check is repeatable;
+    ``seeded`` requests (coupled sampling) get seeds 0 .. n - 1."""
     prompt = list(prompt)
     p1, p2 = exact_second_token_law(model_dir, prompt, temperature, top_k, top_p)
-    outs = llm.generate([prompt] * n, [SamplingParams(max_tokens=4, temperature=temperature, top_k=top_k,
-                                                      top_p=top_p, seed=s, ignore_eos=True) for s in range(n)])
+    params = [SamplingParams(max_tokens=4, temperature=temperature, top_k=top_k, top_p=top_p,
+                             seed=s if seeded else None, ignore_eos=True) for s in range(n)]
+    seeds = itertools.count()
+    with mock.patch("sonarspec_ext.engine.request.new_generator",
+                    lambda device: torch.Generator(device=device).manual_seed(next(seeds))):
+        outs = llm.generate([prompt] * n, params)
     first = torch.bincount(torch.tensor([o.token_ids[0] for o in outs]), minlength=p1.numel())
     second = torch.bincount(torch.tensor([o.token_ids[1] for o in outs]), minlength=p2.numel())
     assert first[p1 == 0].sum() == 0 and second[p2 == 0].sum() == 0

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from sonarspec_ext import ops
+from sonarspec_ext.sampling.uniforms import GeneratorUniforms, KeyedUniforms
 from helpers.stats import assert_matches
 
 
@@ -94,7 +95,7 @@ def test_device_verification_equals_the_reference_draw_for_draw(k, sampled_q):
         qq = q if sampled_q else torch.nn.functional.one_hot(ids, V).float()
         u = torch.rand(1, k + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(trial))
         out, _, emitted = chain_speculative_sampling_reference(qq[None], ids[None], p[None], u)
-        tokens, a = verify_chain_device(logits, ids, q, params, torch.Generator().manual_seed(trial))
+        tokens, a = verify_chain_device(logits, ids, q, params, GeneratorUniforms(torch.Generator().manual_seed(trial)))
         assert int(a) == int(emitted[0])
         assert tokens[:int(a) + 1].tolist() == out[0, :int(a) + 1].tolist()
 
@@ -170,8 +171,9 @@ def test_cuda_equals_cpu(B, K, V):
 
 
 def test_batched_engine_verification_equals_per_request_verification():
-    """spec.verify.verify_chains (native, grouped by chain length) returns what
-    verify_chain returns request by request, with the same per-request generators."""
+    """spec.verify.verify_chains (native, grouped by chain length; coupled chains of seeded
+    requests in their own call) returns what verify_chain returns request by request, with
+    the same per-request uniforms."""
     from sonarspec_ext.params import SamplingParams
     from sonarspec_ext.spec.proposer import Draft
     from sonarspec_ext.spec.verify import verify_chain, verify_chains
@@ -184,7 +186,8 @@ def test_batched_engine_verification_equals_per_request_verification():
         probs = (torch.randn(k, V, generator=g) * 3).softmax(-1) if i % 2 else None
         params = SamplingParams(temperature=[0.0, 0.7, 1.0, 1.3][i % 4], top_k=[0, 20][i % 2], seed=i)
         items.append((logits, Draft(ids.tolist(), probs), params, i))
-    gens = lambda: [torch.Generator().manual_seed(seed) for *_, seed in items]  # noqa: E731
+    gens = lambda: [GeneratorUniforms(torch.Generator().manual_seed(seed)) if seed % 5 else  # noqa: E731
+                    KeyedUniforms(seed, 3 * seed) for *_, seed in items]
     batched = verify_chains([(lg, d, p, gen) for (lg, d, p, _), gen in zip(items, gens())])
     single = [verify_chain(lg, d, p, gen) for (lg, d, p, _), gen in zip(items, gens())]
     assert batched == single
@@ -216,6 +219,6 @@ def test_chains_whose_logits_lie_back_to_back_are_verified_from_one_view():
             for i, (lg, k) in enumerate(zip(blocks, ks)):
                 ids = torch.randint(0, 500, (k,), generator=torch.Generator().manual_seed(i)).tolist()
                 params = SamplingParams(temperature=temperature, seed=i)
-                out.append((lg, Draft(ids), params, torch.Generator().manual_seed(i)))
+                out.append((lg, Draft(ids), params, GeneratorUniforms(torch.Generator().manual_seed(i))))
             return verify_chains(out)
         assert run(views) == run([v.clone() for v in views])

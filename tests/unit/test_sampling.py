@@ -5,19 +5,24 @@ import torch
 
 from helpers.models import hf_load
 from sonarspec_ext import LLM, SamplingParams
-from sonarspec_ext.sampling.sampler import sample_from_probs
+from sonarspec_ext.sampling.sampler import draw_rows, inverse_cdf
+from sonarspec_ext.sampling.uniforms import GeneratorUniforms
 from sonarspec_ext.testing.reference import filter_logits
 from helpers.stats import assert_matches
 
-def test_exponential_race_matches_distribution():
+def test_inverse_cdf_draws_match_the_distribution():
+    """The native row draws (draw_rows on the CPU) and the torch inverse_cdf (other devices)
+    pick the same token for every uniform, and follow the distribution (chi-square, 0.001)."""
     probs = torch.tensor([0.3, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.03, 0.015, 0.005])
-    g = torch.Generator().manual_seed(0)
-    draws = sample_from_probs(probs.expand(20000, -1).contiguous(), g)
-    assert_matches(torch.bincount(draws, minlength=10), probs, "exponential race", min_df=9)
+    u = torch.rand(20000, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    draws = draw_rows(probs.expand(20000, -1).contiguous(), u)
+    assert draws.dtype == torch.int64
+    assert torch.equal(draws[:500], torch.stack([inverse_cdf(probs.double(), x) for x in u[:500]]).long())
+    assert_matches(torch.bincount(draws, minlength=10), probs, "inverse CDF", min_df=9)
     # one-hot input is always its single support token
     onehot = torch.zeros(5, 10)
     onehot[torch.arange(5), torch.tensor([3, 1, 4, 1, 5])] = 1
-    assert sample_from_probs(onehot, g).tolist() == [3, 1, 4, 1, 5]
+    assert draw_rows(onehot, u[:5]).tolist() == [3, 1, 4, 1, 5]
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 5, 1.0), (0.7, 0, 0.9), (1.3, 50, 0.5),
@@ -128,7 +133,7 @@ def test_native_sampler_draws_the_processed_distribution():
     probs = processed_probs_reference(logits, 0.9, 25, 0.9)[0].double()
     n = 4000
     gens = [torch.Generator().manual_seed(s) for s in range(n)]
-    draws = [sample(logits, [params], [g])[0] for g in gens]
+    draws = [sample(logits, [params], [GeneratorUniforms(g)])[0] for g in gens]
     counts = torch.bincount(torch.tensor(draws), minlength=40).double()
     assert counts[probs == 0].sum() == 0
     assert_matches(counts, probs, "native sampler", min_df=3)

@@ -22,7 +22,7 @@ def generic_step(engine, batch, drafts) -> List:
     logits, hidden = out if engine.proposer.needs_hidden else (out, None)
     t3 = time.perf_counter()
     raw_rows = apply_penalties(logits, blocks)   # penalized requests' raw rows, for their logprobs
-    chains = [(_block_logits(logits, b), b.draft, b.seq.params, b.seq.generator)
+    chains = [(_block_logits(logits, b), b.draft, b.seq.params, b.seq)
               for b in blocks if b.at_end and b.draft is not None and b.draft.tree is None]
     chain_results = iter(verify_chains(chains))
     plain = [j for j, b in enumerate(blocks) if b.at_end and b.draft is None]
@@ -36,7 +36,7 @@ def generic_step(engine, batch, drafts) -> List:
             if b.draft is None:
                 tokens = [plain_tokens[j]]
             elif b.draft.tree is not None:
-                tokens, path = verify_tree(_block_logits(logits, b), b.draft, seq.params, seq.generator)
+                tokens, path = verify_tree(_block_logits(logits, b), b.draft, seq.params, seq)
                 accepted = len(path)
                 commit_tree_path(engine, seq, path)
                 used += [end - 1 + i for i in path]
@@ -71,11 +71,11 @@ def generic_step(engine, batch, drafts) -> List:
 def _sample_rows(logits, blocks) -> List[int]:
     """A token for each of ``blocks`` (no drafts: one logits row each) from one ``sample``
     call over their rows - the tokens one call per block gives, each request drawing from
-    its own generator."""
+    its own uniforms."""
     if not blocks:
         return []
     return sample(joined_rows([_block_logits(logits, b) for b in blocks]), [b.seq.params for b in blocks],
-                  [b.seq.generator for b in blocks])
+                  [b.seq for b in blocks])
 
 
 def _hidden_rows(hidden, used: List[int]):

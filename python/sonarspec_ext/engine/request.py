@@ -8,6 +8,7 @@ from typing import List, Optional
 import torch
 
 from .detokenize import IncrementalText
+from ..sampling.uniforms import GeneratorUniforms, KeyedUniforms, new_generator
 from ..params import RequestOutput, SamplingParams
 
 
@@ -19,13 +20,13 @@ class Request:
         self.output_ids: List[int] = []
         self.params = params
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+        self.device = device
+        # sampled: seeded requests' uniforms are keyed by output position (sampling.keyed),
+        # the others come from a generator of their own
+        self.keyed_sampling = not params.greedy and params.seed is not None
         self.generator: Optional[torch.Generator] = None
-        if not params.greedy:
-            self.generator = torch.Generator(device=device)
-            if params.seed is not None:
-                self.generator.manual_seed(params.seed)
-            else:
-                self.generator.seed()
+        if not params.greedy and not self.keyed_sampling:
+            self.generator = new_generator(device)
         self.text = ""
         self.detok = IncrementalText(tokenizer)   # the output's text as it grows
         self.stop_checked = 0        # characters of that text already searched for stop strings
@@ -45,6 +46,14 @@ class Request:
         # with params.logprobs: one sampling.logprobs.TokenLogprob per output token
         self.logprobs: Optional[list] = None if params.logprobs is None else []
         self.token_counts = None   # with penalties: sampling.penalties.TokenCounts, made at the first step
+
+    def uniforms(self, offset: int, count: int) -> torch.Tensor:
+        """(count,) float64 uniforms for the output tokens ``offset`` and on past the ones
+        produced so far: keyed by their positions (seeded requests), else the next draws of
+        the request's generator."""
+        if self.keyed_sampling:
+            return KeyedUniforms(self.params.seed, len(self.output_ids), self.device).uniforms(offset, count)
+        return GeneratorUniforms(self.generator).uniforms(offset, count)
 
     @property
     def all_ids(self) -> List[int]:

@@ -65,7 +65,7 @@ def single_token_step(engine, batch, drafts) -> List:
         tokens, accepted = [], []
         for b in blocks:
             t, a = verify_chain_device(logits[b.logits_offset:b.logits_offset + 2], ids[b.row + 1:b.row + 2],
-                                       b.draft.probs, b.seq.params, b.seq.generator)
+                                       b.draft.probs, b.seq.params, b.seq)
             tokens.append(t)
             accepted.append(a)
         tokens, accepted = torch.stack(tokens), torch.stack(accepted)

@@ -1,7 +1,8 @@
 """Token sampling: temperature, top-k, top-p, per-request random streams.
 
-Every request draws its randomness from its own ``torch.Generator``, so its tokens do
-not depend on which other requests share the batch.
+Every request draws its randomness on its own (``engine.request.Request.uniforms``: a
+generator of its own, or uniforms keyed by position for seeded requests), so its tokens
+do not depend on which other requests share the batch.
 """
 from __future__ import annotations
 
@@ -48,34 +49,31 @@ def processed_probs_rows(logits: torch.Tensor, params: Sequence[SamplingParams])
     return out
 
 
-def sample_from_probs(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
-    """One draw per row of ``probs`` (n, vocab_size) via the exponential race
-    argmax(p / E), E ~ Exp(1): exact categorical sampling without a cumsum."""
-    e = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / e).argmax(-1)
-
-
-def draw(probs: torch.Tensor, generators: Sequence[Optional[torch.Generator]]) -> List[int]:
-    """One token per row of ``probs`` (n, vocab_size), row i with ``generators[i]``: on the
-    CPU by inverse CDF with one float64 uniform per row (the native chain sampler with no
-    drafts); elsewhere by the exponential race."""
+def draw_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs`` (n, vocab_size) by inverse CDF at ``uniforms`` (n,)
+    float64, as an int64 device tensor (no host synchronisation): on the CPU the native chain
+    sampler with no drafts, elsewhere ``inverse_cdf`` row by row in torch."""
     if probs.device.type != "cpu":
-        return [int(sample_from_probs(probs[r:r + 1], g).item()) for r, g in enumerate(generators)]
-    u = torch.stack([torch.rand(1, dtype=torch.float64, generator=g) for g in generators])
-    out = chain_speculative_sampling(None, torch.zeros(len(generators), 0, dtype=torch.long), probs[:, None],
-                                     uniforms=u)[0]
-    return out[:, 0].tolist()
+        return torch.stack([inverse_cdf(probs[r].double(), uniforms[r]) for r in range(probs.shape[0])]).long()
+    n = probs.shape[0]
+    return chain_speculative_sampling(None, torch.zeros(n, 0, dtype=torch.long), probs[:, None],
+                                      uniforms=uniforms.view(n, 1))[0][:, 0].long()
 
 
-def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
-           generators: Sequence[Optional[torch.Generator]]) -> List[int]:
+def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> List[int]:
+    """``draw_rows`` as a list of token ids."""
+    return draw_rows(probs, uniforms).tolist()
+
+
+def sample(logits: torch.Tensor, params: Sequence[SamplingParams], seqs: Sequence) -> List[int]:
     """``logits``: (batch_size, vocab_size), one row per request -> one token id each (greedy
-    rows take the top token; the others ``draw`` from their processed distribution)."""
+    rows take the top token; the others ``draw`` from their processed distribution with
+    the next uniform of their request, ``seqs[i].uniforms``)."""
     out = top_tokens(logits)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
         probs = processed_probs_rows(logits[rows], [params[i] for i in rows])
-        for i, tok in zip(rows, draw(probs, [generators[i] for i in rows])):
+        for i, tok in zip(rows, draw(probs, torch.cat([seqs[i].uniforms(0, 1) for i in rows]))):
             out[i] = tok
     return out
 

@@ -123,7 +123,7 @@ class ChainDrafter(Proposer):
         out = self.runner.refill_chain([(row.start, row.tokens, self.page_table(row.seq)) for row in rows],
                                        self.window, self.vocab_size, k - 1, features=self._features(rows),
                                        stop_below=None if sampled else self.stop_below or None,
-                                       sampling=(lambda: chain_sampling(seqs, k)) if sampled else None,
+                                       sampling=(lambda: chain_sampling(seqs, k, 0)) if sampled else None,
                                        penalties=lambda row_ids, rows: draft_penalties(seqs, row_ids, rows))
         if out is None:
             return None

@@ -155,13 +155,14 @@ def flush_waiting(waiting: dict, refill: Callable) -> None:
         refill(rows)
 
 
-def draw_draft(seq, logits: torch.Tensor, sample_drafts: bool) -> Tuple[int, Optional[torch.Tensor]]:
-    """A draft token from (vocab_size,) logits: the top token, or with ``sample_drafts`` a
-    draw from the request's processed distribution q (returned with it)."""
+def draw_draft(seq, logits: torch.Tensor, sample_drafts: bool, offset: int) -> Tuple[int, Optional[torch.Tensor]]:
+    """Draft ``offset`` (0: the next output token) from (vocab_size,) logits: the top token,
+    or with ``sample_drafts`` a draw from the request's processed distribution q (returned
+    with it) at the request's uniform for that output position (``Request.uniforms``)."""
     if seq.params.greedy or not sample_drafts:
         return top_tokens(logits)[0], None
     q = processed_probs(logits.unsqueeze(0), seq.params)
-    return draw(q, [seq.generator])[0], q[0]
+    return draw(q, seq.uniforms(offset, 1))[0], q[0]
 
 
 def _add_draft_token(draft: Draft, tok: int, q: Optional[torch.Tensor]) -> None:
@@ -183,7 +184,7 @@ def propose_chains(seqs: Sequence, ks: Sequence[int], logits: List[torch.Tensor]
     for j in range(max(ks, default=0)):
         for i, s in enumerate(seqs):
             if ks[i] > j:
-                tok, q = draw_draft(s, logits[i], sample_drafts)
+                tok, q = draw_draft(s, logits[i], sample_drafts, j)
                 if stop_below > 0 and q is None:
                     likely[i] *= token_probability(logits[i], tok)
                     if j > 0 and likely[i] < stop_below:
@@ -233,7 +234,7 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
     whose first round runs at ``positions[i]`` with the drafter's embedding and lm_head (its
     first ``width`` logits: ``width`` is the vocabulary of the drafts, distributions
     zero-padded past the lm_head's rows). With ``sample_drafts`` the chain draws each
-    request's tokens from its processed distribution with uniforms from its generator, in
+    request's tokens from its processed distribution with its uniforms, in
     the order the rounds would draw them (greedy requests take top tokens: point-mass
     drafts). None when it does not apply; ``propose_chains`` then runs the rounds one by
     one, with the same result. ``stop_below`` (point-mass chains only) stops them as
@@ -249,9 +250,9 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
     vocab = min(lm_head.shape[0], width)
     sample_drafts = sample_drafts and not all(s.params.greedy for s in seqs)   # else top tokens throughout
     logits = [penalize_draft_logits(lg, s) for s, lg in zip(seqs, logits)]
-    first = [draw_draft(s, lg, sample_drafts) for s, lg in zip(seqs, logits)]
+    first = [draw_draft(s, lg, sample_drafts, 0) for s, lg in zip(seqs, logits)]
     table = block_table(tables)
-    sampling = chain_sampling(seqs, k - 1) if sample_drafts else None
+    sampling = chain_sampling(seqs, k - 1, 1) if sample_drafts else None
     packed = torch.from_numpy(np.asarray([t for t, _ in first] + list(positions), dtype=np.int64))
     stop = stop_below > 0 and not sample_drafts
     scores = torch.empty(B, k - 1, dtype=torch.float32) if stop else None
@@ -271,14 +272,15 @@ def native_chains(runner, seqs: Sequence, ks: Sequence[int], logits: List[torch.
             for i, ((t, q), row) in enumerate(zip(first, out.tolist()))]
 
 
-def chain_sampling(seqs: Sequence, rounds: int) -> tuple:
+def chain_sampling(seqs: Sequence, rounds: int, first: int) -> tuple:
     """A native chain's sampling arguments (``ops.stack_drafting.chain``): per sequence its
     temperature (0 for greedy requests: top tokens), top_k, top_p and ``rounds`` uniforms
-    from its generator, drawn in round order (greedy requests draw none)."""
+    for its drafts ``first`` .. ``first + rounds - 1`` (``Request.uniforms``), drawn in
+    round order (greedy requests draw none)."""
     uniforms = torch.zeros(len(seqs), rounds, dtype=torch.float64)
     for i, s in enumerate(seqs):
         if not s.params.greedy:   # one call: the same consecutive draws as one call per round
-            uniforms[i] = torch.rand(rounds, dtype=torch.float64, generator=s.generator)
+            uniforms[i] = s.uniforms(first, rounds)
     ps = [s.params for s in seqs]
     return (torch.tensor([0.0 if p.greedy else p.temperature for p in ps], dtype=torch.float32),
             torch.tensor([p.top_k for p in ps], dtype=torch.long),

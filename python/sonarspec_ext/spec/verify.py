@@ -1,8 +1,13 @@
-"""Verifies one sequence's drafted chain against its target logits.
+"""Verifies one sequence's drafted chain or tree against its target logits.
 
-``verify_chain_device`` keeps everything on the device (no host synchronisation) and
-draws exactly as ``ops.chain_speculative_sampling`` and its reference do for one row:
-K + 1 float64 uniforms, K acceptance tests, one inverse-CDF draw.
+Each sampled request brings its ``source`` of uniforms (``engine.request.Request``, or
+``sampling.uniforms.GeneratorUniforms`` / ``KeyedUniforms``). Unseeded requests are
+rejection-sampled: ``verify_chain_device`` keeps everything on the device (no host
+synchronisation) and draws exactly as ``ops.chain_speculative_sampling`` and its
+reference do for one row: K + 1 float64 uniforms, K acceptance tests, one inverse-CDF
+draw. Seeded requests (``source.keyed_sampling``) are verified by coupling: the target's
+token at each position is its inverse-CDF draw at that position's keyed uniform, and a
+draft is accepted while it equals that token (``sampling.uniforms``).
 """
 from __future__ import annotations
 
@@ -11,12 +16,12 @@ from typing import List, Optional, Tuple
 import torch
 
 from .. import ops
-from ..sampling.sampler import inverse_cdf, processed_probs, processed_probs_rows, top_tokens
+from ..sampling.sampler import draw_rows, inverse_cdf, processed_probs, processed_probs_rows, top_tokens
 from .proposer import Draft
 
 
 def verify_chain_device(target_logits: torch.Tensor, draft_ids: torch.Tensor, draft_probs: Optional[torch.Tensor],
-                        params, generator: Optional[torch.Generator]) -> Tuple[torch.Tensor, torch.Tensor]:
+                        params, source) -> Tuple[torch.Tensor, torch.Tensor]:
     """``target_logits`` (k + 1, V) float32 at the sequence's last token and each draft;
     ``draft_ids`` (k,) int64; ``draft_probs`` (k, V) or None for point-mass drafts.
     Returns device tensors (tokens (k + 1,), accepted ()): the emitted tokens are
@@ -26,8 +31,11 @@ def verify_chain_device(target_logits: torch.Tensor, draft_ids: torch.Tensor, dr
         best = target_logits.argmax(-1)
         return best, (draft_ids == best[:k]).long().cumprod(0).sum()
     p = processed_probs(target_logits, params)
+    if source.keyed_sampling:
+        best = draw_rows(p, source.uniforms(0, k + 1))
+        return best, (draft_ids == best[:k]).long().cumprod(0).sum()
     q = draft_probs if draft_probs is not None else torch.nn.functional.one_hot(draft_ids, V).float()
-    u = torch.rand(k + 1, dtype=torch.float64, generator=generator, device=p.device)
+    u = source.uniforms(0, k + 1)
     px = p[:k].gather(1, draft_ids[:, None])[:, 0].double()
     qx = q.gather(1, draft_ids[:, None])[:, 0].double()
     accepted = (u[:k] * qx < px).long().cumprod(0).sum()
@@ -40,14 +48,13 @@ def verify_chain_device(target_logits: torch.Tensor, draft_ids: torch.Tensor, dr
     return tokens, accepted
 
 
-def verify_chain(target_logits: torch.Tensor, draft: Draft, params,
-                 generator: Optional[torch.Generator]) -> Tuple[List[int], int]:
+def verify_chain(target_logits: torch.Tensor, draft: Draft, params, source) -> Tuple[List[int], int]:
     """Host-side result of ``verify_chain_device``: (emitted token ids, number of accepted
     drafts); between 1 and len(draft) + 1 tokens are emitted."""
     if params.greedy:   # the host needs the tokens anyway: one read of the top tokens, compared there
         return _greedy_result(top_tokens(target_logits), draft.token_ids)
     ids = torch.tensor(draft.token_ids, dtype=torch.long, device=target_logits.device)
-    tokens, accepted = verify_chain_device(target_logits, ids, draft.probs, params, generator)
+    tokens, accepted = verify_chain_device(target_logits, ids, draft.probs, params, source)
     a = int(accepted)
     return tokens[:a + 1].tolist(), a
 
@@ -60,12 +67,12 @@ def _greedy_result(best: List[int], draft_ids: List[int]) -> Tuple[List[int], in
     return best[:a + 1], a
 
 
-def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, Optional[torch.Generator]]]
-                  ) -> List[Tuple[List[int], int]]:
+def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, object]]) -> List[Tuple[List[int], int]]:
     """``verify_chain`` for many sequences at once: ``items`` are (target_logits, draft,
-    params, generator). Sampled chains of one length go through one native
+    params, source). Rejection-sampled chains of one length go through one native
     ``ops.chain_speculative_sampling`` call, their uniforms drawn from each request's
-    generator as ``verify_chain_device`` draws them, so the results are the same."""
+    source as ``verify_chain_device`` draws them, so the results are the same; coupled
+    chains (seeded requests) draw all their rows in one call."""
     results: List[Optional[Tuple[List[int], int]]] = [None] * len(items)
     greedy = [i for i, it in enumerate(items) if it[2].greedy]
     if greedy:   # every greedy chain's top tokens in one read
@@ -74,26 +81,43 @@ def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, Optional[torch.
         for i in greedy:
             n = len(items[i][1].token_ids) + 1
             results[i], row = _greedy_result(best[row:row + n], items[i][1].token_ids), row + n
-    groups = {}
-    for i, (logits, draft, params, gen) in enumerate(items):
+    groups, keyed = {}, []
+    for i, (logits, draft, params, source) in enumerate(items):
         if params.greedy:
             continue
         if logits.device.type == "cuda" and not ops.built_with_cuda():
-            results[i] = verify_chain(logits, draft, params, gen)
+            results[i] = verify_chain(logits, draft, params, source)
+        elif source.keyed_sampling:
+            keyed.append(i)
         else:
             groups.setdefault((len(draft.token_ids), draft.probs is not None), []).append(i)
     for (k, has_q), idx in groups.items():
         dev = items[idx[0]][0].device
         p = processed_probs_rows(joined_rows([items[i][0] for i in idx]), [items[i][2] for i in idx for _ in range(k + 1)])
         p = p.view(len(idx), k + 1, -1)
-        u = torch.stack([torch.rand(k + 1, dtype=torch.float64, generator=items[i][3], device=dev) for i in idx])
+        u = torch.stack([items[i][3].uniforms(0, k + 1) for i in idx])
         qs = [items[i][1].probs for i in idx]
         q = (torch.stack(qs) if len(qs) > 1 else qs[0].unsqueeze(0)).float() if has_q else None
         ids = torch.tensor([items[i][1].token_ids for i in idx], dtype=torch.long, device=dev).view(len(idx), k)
         out, _, emitted = ops.chain_speculative_sampling(q, ids, p, uniforms=u)
         for r, (row, a) in enumerate(zip(out.tolist(), emitted.tolist())):
             results[idx[r]] = (row[:a + 1], a)
+    if keyed:
+        _verify_coupled(items, keyed, results)
     return results
+
+
+def _verify_coupled(items, idx: List[int], results: list) -> None:
+    """Coupled verification of the chains ``items[i]``, i in ``idx`` (seeded requests): the
+    target's draw at every row from one ``processed_probs_rows`` and one ``draw_rows``
+    call, each chain then accepted while its drafts equal those draws."""
+    lengths = [len(items[i][1].token_ids) + 1 for i in idx]
+    p = processed_probs_rows(joined_rows([items[i][0] for i in idx]),
+                             [items[i][2] for i, n in zip(idx, lengths) for _ in range(n)])
+    best = draw_rows(p, torch.cat([items[i][3].uniforms(0, n).to(p.device) for i, n in zip(idx, lengths)])).tolist()
+    row = 0
+    for i, n in zip(idx, lengths):
+        results[i], row = _greedy_result(best[row:row + n], items[i][1].token_ids), row + n
 
 
 def joined_rows(blocks: List[torch.Tensor]) -> torch.Tensor:
@@ -114,22 +138,24 @@ def joined_rows(blocks: List[torch.Tensor]) -> torch.Tensor:
     return first.as_strided((rows, width), (width, 1), first.storage_offset())
 
 
-def verify_tree(target_logits: torch.Tensor, draft: Draft, params,
-                generator: Optional[torch.Generator]) -> Tuple[List[int], List[int]]:
+def verify_tree(target_logits: torch.Tensor, draft: Draft, params, source) -> Tuple[List[int], List[int]]:
     """``target_logits`` (n, V) at the root and each node of ``draft.tree`` -> (emitted
     token ids, accepted node indices along the path). Greedy follows the child equal to
-    the target's argmax; otherwise recursive rejection sampling over siblings (the tree's
-    children are distinct top-k tokens: point-mass drafts)."""
+    the target's argmax, coupled sampling (seeded requests) the child equal to the
+    target's keyed draw at each depth; otherwise recursive rejection sampling over
+    siblings (the tree's children are distinct top-k tokens: point-mass drafts)."""
     tree = draft.tree
     first, nxt = tree.links()
-    if params.greedy:
-        best = top_tokens(target_logits)
+    if params.greedy or source.keyed_sampling:
+        best = top_tokens(target_logits) if params.greedy else None
         tokens, path, node = [], [], 0
         while True:
+            tok = best[node] if best is not None else int(draw_rows(
+                processed_probs(target_logits[node:node + 1], params), source.uniforms(len(path), 1))[0])
             child = int(first[node])
-            while child != -1 and tree.tokens[child] != best[node]:
+            while child != -1 and tree.tokens[child] != tok:
                 child = int(nxt[child])
-            tokens.append(best[node])
+            tokens.append(tok)
             if child == -1:
                 return tokens, path
             path.append(child)
@@ -138,6 +164,6 @@ def verify_tree(target_logits: torch.Tensor, draft: Draft, params,
     dev = p.device
     as_row = lambda a: torch.as_tensor(a, dtype=torch.long, device=dev).view(1, -1)  # noqa: E731
     out, index, accepted = ops.tree_speculative_sampling(as_row(tree.tokens), as_row(first), as_row(nxt), p[None],
-                                                         generator=generator)
+                                                         generator=source.generator)
     a = int(accepted[0])
     return out[0, :a + 1].tolist(), index[0, 1:a + 1].tolist()
