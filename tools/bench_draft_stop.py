@@ -58,7 +58,10 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=["2", "3", "4:0.1"])
     ap.add_argument("--heads", nargs="+", default=["default"], help="MTP head dirs ('default': the packaged one)")
     ap.add_argument("--adaptive", action="store_true", help="under the adaptive speculation control")
-    ap.add_argument("--temperature", type=float, default=0.0, help="sample at T (seeded per prompt); 0: greedy")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sample at T (unseeded: rejection sampling); 0: greedy")
+    ap.add_argument("--seeded", action="store_true",
+                    help="with --temperature: prompt i seeded with i (coupled sampling: every config's output "
+                         "checked equal to plain decoding's)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus for sampled requests (1.0: off)")
     ap.add_argument("--top-k", type=int, default=0, help="top-k for sampled requests (0: off)")
     ap.add_argument("--draft-sampling", action=argparse.BooleanOptionalAction, default=True,
@@ -87,7 +90,7 @@ def main() -> None:
     for i, item in enumerate(items):
         messages = [{"role": "user", "content": item["prompt"]}]
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, seed=i, **penalties)
+                                top_k=args.top_k, seed=i if args.seeded else None, **penalties)
         times, outs = {}, {}
         for name, llm in rotated(llms.items(), i):
             t0 = time.perf_counter()
@@ -95,7 +98,7 @@ def main() -> None:
             times[name] = time.perf_counter() - t0
         ref = outs["plain"].token_ids
         for name, out in outs.items():
-            if args.temperature == 0 and out.token_ids != ref:
+            if (args.temperature == 0 or args.seeded) and out.token_ids != ref:
                 raise SystemExit(f"{name}: output differs from plain decoding on prompt {item['id']}")
             total[name] += times[name]
             tokens[name] += len(out.token_ids)

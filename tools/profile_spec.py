@@ -62,12 +62,12 @@ def main() -> None:
     ap.add_argument("--schemes", nargs="+", default=["plain", "mtp:3", "draft_target:2"])
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--temperature", type=float, default=0.0, help="sample at T, prompt i with seed i (0: greedy)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sample at T, unseeded (rejection sampling; 0: greedy)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     _instrument()
-    params = [SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=i, ignore_eos=True)
-              for i in range(len(PROMPTS))]
+    params = [SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True)
+              for _ in range(len(PROMPTS))]
     llms = {}
     for scheme in args.schemes:
         llms[scheme] = LLM(args.model, spec=scheme_config(scheme))

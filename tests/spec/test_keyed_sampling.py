@@ -148,3 +148,14 @@ def test_seeded_speculative_sampling_follows_the_target_law(llama_dir, heads):
     from helpers.spec_checks import check_sampled_law
     llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=2), max_num_seqs=256)
     assert check_sampled_law(llm, llama_dir, 0.8, 0, 1.0, seeded=True)["num_accepted_tokens"] > 0
+
+
+def test_seeded_tokens_survive_preemption(llama_dir, heads):
+    """Under KV pressure (requests preempted and recomputed mid-output) the seeded
+    requests still get plain decoding's tokens."""
+    ps, params = prompts(8, seed=63), _seeded_params(8)
+    want = [o.token_ids for o in LLM(llama_dir).generate(ps, params)]
+    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=2),
+              num_pages=40, page_size=4, max_num_seqs=8)
+    assert [o.token_ids for o in llm.generate(ps, params)] == want
+    assert llm.stats()["num_preemptions"] > 0

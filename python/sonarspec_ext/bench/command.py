@@ -56,7 +56,10 @@ def add_bench_parser(sub, positive_int) -> None:
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="--spec all/mtp/eagle_tree: activation dtype")
     b.add_argument("--temperature", type=float, default=0.0,
-                   help="--spec all/mtp/eagle_tree: sample at this temperature (seeded per prompt; 0: greedy)")
+                   help="--spec all/mtp/eagle_tree: sample at this temperature (0: greedy)")
+    b.add_argument("--seeded", action="store_true",
+                   help="with --temperature: seed each prompt's request (coupled sampling: outputs checked equal "
+                        "to plain decoding's); unseeded requests are rejection-sampled")
     b.add_argument("--top-p", type=float, default=1.0, help="--spec all/mtp/eagle_tree: nucleus for sampling")
     b.add_argument("--draft-sampling", action=argparse.BooleanOptionalAction, default=True,
                    help="draw sampled requests' drafts from the drafter's distribution (engine option "
@@ -112,7 +115,7 @@ def run_bench(args) -> int:
                           draft_sampling=args.draft_sampling, cuda_graphs=args.cuda_graphs,
                           quantization=args.quantization, draft_quantization=args.draft_quantization,
                           adaptive=args.spec_control == "adaptive",
-                          lookup_tokens=0 if tree else args.lookup_draft_tokens)
+                          lookup_tokens=0 if tree else args.lookup_draft_tokens, seeded=args.seeded)
         if tree:
             from .attention import bench_tree_attention, print_attention_table
             from ..models.loader import load_config
@@ -127,8 +130,8 @@ def run_bench(args) -> int:
             print("bench: matplotlib is not installed; no chart written", file=sys.stderr)
         return 0
     if (args.device != "cpu" or args.dtype != "float32" or args.temperature or args.top_p != 1.0
-            or args.cuda_graphs is not None):
-        raise ValueError("--device, --dtype, --temperature, --top-p and --cuda-graphs apply to --spec "
+            or args.cuda_graphs is not None or args.seeded):
+        raise ValueError("--device, --dtype, --temperature, --top-p, --seeded and --cuda-graphs apply to --spec "
                          "all/mtp/eagle_tree; --spec none runs greedy float32 on the CPU")
     info = bench_decode(None if args.model == "synthetic-30m" else args.model, args.batch_sizes,
                         args.prompt_len, args.max_tokens, args.repeats, args.threads,

@@ -112,16 +112,19 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                with_ngram: bool = True, spec_max_batch: Optional[int] = None, trees=(), device: str = "cpu",
                dtype: str = "float32", temperature: float = 0.0, top_p: float = 1.0,
                draft_sampling: bool = True, cuda_graphs: Optional[bool] = None, quantization: str = "auto",
-               draft_quantization: str = "auto", adaptive: bool = False, lookup_tokens: int = 0) -> dict:
+               draft_quantization: str = "auto", adaptive: bool = False, lookup_tokens: int = 0,
+               seeded: bool = False) -> dict:
     """Every scheme on the same prompts in one process. Each scheme's greedy output is
     first checked equal to plain decoding (on the CPU a difference is an error; on CUDA,
     where torch's GEMMs and SDPA may round a verification pass differently from a decoding
     one, the agreement is recorded); timing rounds are interleaved across schemes (round r
     times every scheme once, starting from the r-th) so machine noise hits all of them
     alike; the reported time is each scheme's median over the rounds. ``trees``: (depth,
-    top_k, num_nodes) of the EAGLE trees to run with the MTP head. ``temperature`` > 0 samples (seeded per prompt)
-    instead: outputs then differ between schemes by design (the tests check the sampled
-    distributions), and agreement is not checked. ``draft="default"``: the draft model that
+    top_k, num_nodes) of the EAGLE trees to run with the MTP head. ``temperature`` > 0 samples
+    instead, unseeded (rejection sampling): outputs then differ between schemes by design
+    (the tests check the sampled distributions), and agreement is not checked; with
+    ``seeded`` each prompt's request is seeded (coupled sampling, ``sampling.uniforms``) and
+    every scheme's output is checked equal to plain decoding's, as for greedy. ``draft="default"``: the draft model that
     goes with the target (``spec.factory.find_draft_model``), or no draft_target rows (and
     ``mtp="default"`` the MTP head that goes with it, ``find_mtp_head``, or no MTP rows);
     ``draft_quantization``: its weights (``SpecConfig.quantization``). ``adaptive``: every
@@ -141,8 +144,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                       adaptive_speculation=adaptive and name != "plain")
             for name, spec in schemes}
     prompts = bench_prompts(llms["plain"])
-    params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=i, ignore_eos=True)
-              for i in range(len(prompts))]
+    params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                             seed=i if seeded else None, ignore_eos=True) for i in range(len(prompts))]
     rows = []
     for bs in batch_sizes:
         ref = [o.token_ids for o in _run_llm(llms["plain"], prompts, params, bs)]
@@ -157,8 +160,8 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                 schemes = [x for x in schemes if x[0] != name]
                 continue
             agree[name] = sum(a == b for a, b in zip(got, ref))
-            if agree[name] != len(ref) and torch.device(device).type == "cpu" and not sampled:
-                raise RuntimeError(f"{name} output differs from plain greedy decoding; not timing")
+            if agree[name] != len(ref) and torch.device(device).type == "cpu" and (seeded or not sampled):
+                raise RuntimeError(f"{name} output differs from plain decoding; not timing")
             llms[name].engine.finished.clear()
         times = {name: [] for name, _ in schemes}
         for r in range(repeats):
@@ -183,6 +186,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     return {"target": target_dir, "draft": draft_dir, "mtp": mtp_dir, "spec_max_batch": spec_max_batch,
             "adaptive_speculation": adaptive,
             "max_tokens": max_tokens, "device": str(device), "dtype": dtype, "temperature": temperature, "top_p": top_p,
+            "seeded": seeded,
             "draft_sampling": draft_sampling, "quantization": quantization,
             "cuda_graphs": cuda_graphs if cuda_graphs is not None else torch.device(device).type == "cuda",
             "num_prompts": len(prompts), "chat": prompts is not PROMPTS, "repeats": repeats,
@@ -230,6 +234,7 @@ def acceptance_note(row: dict) -> str:
 def print_spec_table(info: dict) -> None:
     print(f"target {info['target']}\ndraft  {info['draft']}\nmtp    {info.get('mtp')}")
     mode = f"T = {info['temperature']}, top-p {info['top_p']}" if info.get("temperature") else "greedy"
+    mode += ", seeded (coupled sampling)" if info.get("temperature") and info.get("seeded") else ""
     mode += ", drafts drawn from the drafter's distribution" if info.get("draft_sampling") else ""
     mode += ", CUDA graphs" if info.get("cuda_graphs") else ""
     print(f"{info['num_prompts']} prompts x {info['max_tokens']} tokens, {mode}, median of {info['repeats']} "

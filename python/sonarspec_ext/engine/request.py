@@ -21,7 +21,7 @@ class Request:
         self.params = params
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
         self.device = device
-        # sampled: seeded requests' uniforms are keyed by output position (sampling.keyed),
+        # sampled: seeded requests' uniforms are keyed by output position (sampling.uniforms),
         # the others come from a generator of their own
         self.keyed_sampling = not params.greedy and params.seed is not None
         self.generator: Optional[torch.Generator] = None
