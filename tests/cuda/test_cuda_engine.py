@@ -1,6 +1,7 @@
 """The whole engine on a CUDA device (tools/gpu_check.sh runs these on a GPU machine;
 skipped elsewhere): every speculation scheme's greedy output equals plain greedy decoding
-on the same device in float32, speculative sampling follows the processed target's law,
+on the same device in float32, and seeded sampled output too; speculative sampling follows
+the processed target's law,
 and every page is given back after a random workload with aborts."""
 import pytest
 import torch
@@ -47,6 +48,18 @@ def test_sampled_law_on_cuda(method, llama_dir, draft_dir, heads):
     llm = LLM(llama_dir, device="cuda", dtype="float32", max_num_seqs=256, draft_sampling=True,
               spec=SpecConfig(method=method, draft=draft, num_draft_tokens=3))
     assert check_sampled_law(llm, llama_dir, 1.0, 30, 0.9)["num_draft_tokens"] > 0
+
+
+@pytest.mark.parametrize("name", ["mtp K=1", "mtp K=3", "eagle_tree", "draft_target K=4"])
+def test_seeded_sampling_equals_plain_on_cuda(name):
+    """Seeded requests (coupled sampling, keyed uniforms copied to the device) get plain
+    decoding's tokens on the same device in float32."""
+    params = [SamplingParams(max_tokens=24, temperature=0.8, top_k=[0, 20][i % 2], seed=i, ignore_eos=True)
+              for i in range(len(TEXT))]
+    want = [o.token_ids for o in LLM("default", device="cuda", dtype="float32", cuda_graphs=False).generate(TEXT, params)]
+    llm = LLM("default", device="cuda", dtype="float32", spec=SpecConfig(**SCHEMES[name]))
+    assert [o.token_ids for o in llm.generate(TEXT, params)] == want
+    assert llm.stats()["num_draft_tokens"] > 0
 
 
 def test_random_workload_frees_every_page_on_cuda(llama_dir, draft_dir):

@@ -44,8 +44,10 @@ def keyed_uniforms(seed: int, first: int, count: int, device=None) -> torch.Tens
         key = _mix(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GAMMA)
         steps = np.arange(first + 1, first + count + 1, dtype=np.uint64)
         bits = _mix(key + steps * _GAMMA)
-    u = (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
-    return torch.from_numpy(u).to(device) if device is not None else torch.from_numpy(u)
+    u = torch.from_numpy((bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)))
+    if device is None or torch.device(device).type == "cpu":
+        return u
+    return u.pin_memory().to(device, non_blocking=True)   # no host synchronisation on a GPU
 
 
 def new_generator(device) -> torch.Generator:
