@@ -14,25 +14,23 @@ requests use (``docs/speculation.md`` has the numbers).
 
 The uniforms come from SplitMix64 (Steele, Lea and Flood, 2014) over the seed's own
 SplitMix64 hash plus the position times the golden-ratio increment: 53-bit floats in
-[0, 1), computed with numpy's wrapping uint64 arithmetic, identical on every machine.
+[0, 1), in exact integer arithmetic: identical on every machine.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import torch
 
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+_MASK = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15   # the golden-ratio increment
 
 
-def _mix(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's output function over uint64 values (wrapping arithmetic)."""
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+def _mix(z: int) -> int:
+    """SplitMix64's output function of a 64-bit value."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
 
 
 def keyed_uniforms(seed: int, first: int, count: int, device=None) -> torch.Tensor:
@@ -40,11 +38,9 @@ def keyed_uniforms(seed: int, first: int, count: int, device=None) -> torch.Tens
     of a request seeded with ``seed`` (any 64-bit signed or unsigned integer)."""
     if first < 0 or count < 0:
         raise ValueError(f"keyed_uniforms needs first >= 0 and count >= 0, got {first} and {count}")
-    with np.errstate(over="ignore"):
-        key = _mix(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GAMMA)
-        steps = np.arange(first + 1, first + count + 1, dtype=np.uint64)
-        bits = _mix(key + steps * _GAMMA)
-    u = torch.from_numpy((bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)))
+    key = _mix((seed + _GAMMA) & _MASK)
+    u = torch.tensor([(_mix((key + (first + i + 1) * _GAMMA) & _MASK) >> 11) * (1.0 / (1 << 53))
+                      for i in range(count)], dtype=torch.float64)
     if device is None or torch.device(device).type == "cpu":
         return u
     return u.pin_memory().to(device, non_blocking=True)   # no host synchronisation on a GPU
