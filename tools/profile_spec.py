@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Where a step's time goes, on the packaged models or ``--model`` (batch 1, greedy or with
-``--temperature`` sampled and seeded per prompt, one prompt at a time): per scheme, the
+``--temperature`` sampled, unseeded: rejection sampling; one prompt at a time): per scheme, the
 engine's time split per step and the wall time per step inside the native calls - the
 target's decoder stack, the target's lm_head, the drafter's
 refills (``rows_forward``), chains (``chain``) and refills run with their next chain
