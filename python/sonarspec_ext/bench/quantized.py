@@ -101,6 +101,8 @@ def bench_quantized(model: str = "smollm2", mtp: Optional[str] = None, max_token
             row["best_vs_llama_cpp"] = round(best / plain["tok_s"], 3)
             row["best_vs_llama_cpp_lookup"] = round(best / lookup["tok_s"], 3)
         rows.append(row)
+        print(f"[{len(rows)}/{len(files)}] {name}: plain {row['plain_tok_s']:.1f} tok/s"
+              + (f", llama.cpp {row['llama_cpp_tok_s']:.1f}" if llama_cpp else ""), file=sys.stderr, flush=True)
     tmp.cleanup()
     return {"model": src, "mtp": mtp, "draft": draft, "draft_quantization": draft_quantization,
             "lookup_draft_tokens": lookup_tokens,
