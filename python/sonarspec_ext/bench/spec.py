@@ -16,6 +16,7 @@ import time
 from typing import List, Optional
 
 import torch
+from tqdm import tqdm
 
 from ..assets import resolve
 from . import cpu_info, median_time, rotated
@@ -148,7 +149,11 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                              seed=i if seeded else None, ignore_eos=True) for i in range(len(prompts))]
     rows = []
     for bs in batch_sizes:
+        # runs of every prompt: the reference, each scheme's check, then the timing rounds
+        bar = tqdm(total=1 + len(schemes) * (1 + repeats), desc=f"bench batch {bs}", unit="run", leave=False,
+                   dynamic_ncols=True)
         ref = [o.token_ids for o in _run_llm(llms["plain"], prompts, params, bs)]
+        bar.update()
         agree = {}
         for name, _ in list(schemes):
             try:
@@ -158,7 +163,9 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                     raise
                 rows.append({"batch_size": bs, "scheme": name, "error": f"{type(e).__name__}: {e}"})
                 schemes = [x for x in schemes if x[0] != name]
+                bar.update(1 + repeats)
                 continue
+            bar.update()
             agree[name] = sum(a == b for a, b in zip(got, ref))
             if agree[name] != len(ref) and torch.device(device).type == "cpu" and (seeded or not sampled):
                 raise RuntimeError(f"{name} output differs from plain decoding; not timing")
@@ -169,6 +176,9 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
                 t0 = time.perf_counter()
                 _run_llm(llms[name], prompts, params, bs)
                 times[name].append(time.perf_counter() - t0)
+                bar.set_postfix_str(f"round {r + 1}/{repeats}: {name}")
+                bar.update()
+        bar.close()
         base = len(prompts) * max_tokens / statistics.median(times["plain"])
         for name, _ in schemes:
             s = llms[name].stats()
