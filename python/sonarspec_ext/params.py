@@ -39,6 +39,10 @@ class SamplingParams:
     the prompt or the output so far; ``frequency_penalty`` and ``presence_penalty`` (in
     [-2, 2], 0 = off) subtract per output token its count times the one plus the other;
     ``logit_bias`` maps token ids to values in [-100, 100] added to their logits.
+
+    ``max_draft_tokens`` (None: the engine's ``SpecConfig``) caps the drafted tokens a step
+    verifies for this request - chain drafts, lookup drafts and an EAGLE tree's nodes; 0
+    decodes it plainly. Its output is the same whatever the cap (speculation is lossless).
     """
     max_tokens: int = 16
     temperature: float = 1.0
@@ -53,6 +57,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: Optional[Dict[int, float]] = None
+    max_draft_tokens: Optional[int] = None
 
     def __post_init__(self):
         _check(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
@@ -99,6 +104,9 @@ class SamplingParams:
                    f"logit_bias values must be numbers in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
                    f"got {v!r} for token {t}")
         object.__setattr__(self, "logit_bias", {t: float(v) for t, v in bias.items() if v} if bias else None)
+        cap = self.max_draft_tokens
+        _check(cap is None or (isinstance(cap, int) and not isinstance(cap, bool) and 0 <= cap <= INT64_MAX),
+               f"max_draft_tokens must be None or an integer >= 0 (0 disables speculation), got {cap!r}")
 
     @property
     def greedy(self) -> bool:

@@ -69,8 +69,11 @@ class Request:
 
     def draft_room(self, max_model_len: int) -> int:
         """The most draft tokens a step may verify for this request (may be negative): every
-        draft that is kept adds a token, and none may pass the context or ``max_tokens``."""
-        return min(max_model_len - self.num_tokens - 1, self.params.max_tokens - len(self.output_ids) - 1)
+        draft that is kept adds a token, and none may pass the context or ``max_tokens``, nor
+        their number the request's ``max_draft_tokens``."""
+        room = min(max_model_len - self.num_tokens - 1, self.params.max_tokens - len(self.output_ids) - 1)
+        cap = self.params.max_draft_tokens
+        return room if cap is None else min(room, cap)
 
     def record_verification(self, num_drafts: int, num_accepted: int, depth: Optional[int] = None,
                             lookup: bool = False) -> None:

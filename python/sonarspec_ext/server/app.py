@@ -250,7 +250,7 @@ def _params(req, max_tokens: Optional[int], default: Optional[int], prompt_len: 
                               top_p=req.top_p, seed=req.seed, stop=stop or None, ignore_eos=req.ignore_eos,
                               logprobs=_num_logprobs(req), repetition_penalty=req.repetition_penalty,
                               frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
-                              logit_bias=bias)
+                              logit_bias=bias, max_draft_tokens=req.max_draft_tokens)
     except ValueError as e:
         raise BadRequest(str(e)) from None
 

@@ -29,6 +29,7 @@ class _Common(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
     repetition_penalty: float = Field(default=1.0, gt=0, le=100, allow_inf_nan=False)   # vLLM's extra field
     logit_bias: Optional[Dict[str, float]] = None   # token id -> bias in [-100, 100]
+    max_draft_tokens: Optional[int] = Field(default=None, ge=0)   # sonarspec's: SamplingParams.max_draft_tokens
     user: Optional[str] = None   # OpenAI's end-user id: accepted, not used
 
 

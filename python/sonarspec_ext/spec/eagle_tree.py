@@ -47,8 +47,9 @@ class EagleTreeProposer(MTPProposer):
         # a tree's candidates take up to ``lookahead`` KV slots past the sequence: in the last
         # slots of the context (the planner reserves none past it) the sequence decodes plainly
         fits = [self.planner.max_model_len - s.num_tokens >= self.lookahead for s in seqs]
-        builders = [TreeBuilder(s.all_ids[-1], self.top_k, nodes, min(k, nodes) if ok else 0, self.paths)
-                    for s, k, ok in zip(seqs, ks, fits)]
+        caps = [nodes if s.params.max_draft_tokens is None else min(nodes, s.params.max_draft_tokens) for s in seqs]
+        builders = [TreeBuilder(s.all_ids[-1], self.top_k, n, min(k, n) if ok else 0, self.paths)
+                    for s, k, n, ok in zip(seqs, ks, caps, fits)]
         first = torch.stack([self.carried_logits(st.logits) for st in states])
         self._add_children(builders, [[-1] for _ in seqs], first, seqs)
         for depth in range(1, max(b.depth for b in builders)):
