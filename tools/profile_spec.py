@@ -26,7 +26,7 @@ import torch
 
 import sonarspec_ext.runtime.runner as runner_mod
 import sonarspec_ext.ops.decoder_stack as decoder_stack
-import sonarspec_ext.spec.proposer as proposer_mod
+import sonarspec_ext.spec.chains as chains_mod
 from sonarspec_ext import LLM, SamplingParams
 from sonarspec_ext.bench import cpu_info, rotated
 from sonarspec_ext.bench.spec import PROMPTS, scheme_config
@@ -52,7 +52,7 @@ def _instrument() -> None:
     _timed(decoder_stack.DecoderStack, "forward", "target stack")
     _timed(LlamaForCausalLM, "compute_logits", "target lm_head")   # drafters' lm_heads run inside their calls
     _timed(runner_mod, "rows_forward", "drafter refills")
-    _timed(proposer_mod, "chain", "drafter chains")
+    _timed(chains_mod, "chain", "drafter chains")
     _timed(runner_mod, "refill_chain", "drafter refill+chain")   # a refill with its next chain
 
 

@@ -1,8 +1,8 @@
 """Recording every step's proposals with native drafting on or off (the per-op path)."""
-import sonarspec_ext.spec.proposer as proposer_mod
+import sonarspec_ext.spec.chains as chains_mod
 from sonarspec_ext import LLM, SamplingParams
 from sonarspec_ext.runtime.runner import ModelRunner
-from sonarspec_ext.spec.proposer import native_chains
+from sonarspec_ext.spec.chains import native_chains
 
 REAL_NATIVE_ROWS = ModelRunner._native_rows
 REAL_REFILL_CHAIN = ModelRunner.refill_chain
@@ -14,7 +14,7 @@ PARAMS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 def record_drafts(model, spec, prompts, native: bool, monkeypatch, params=PARAMS):
     """Every step's proposed chains, and the outputs; ``native`` False: no native chains,
     no native row forwards and no native refill-and-chain calls (the per-op path)."""
-    monkeypatch.setattr(proposer_mod, "native_chains", native_chains if native else (lambda *a, **k: None))
+    monkeypatch.setattr(chains_mod, "native_chains", native_chains if native else (lambda *a, **k: None))
     monkeypatch.setattr(ModelRunner, "_native_rows", REAL_NATIVE_ROWS if native else (lambda *a, **k: None))
     monkeypatch.setattr(ModelRunner, "refill_chain", REAL_REFILL_CHAIN if native else (lambda *a, **k: None))
     llm = LLM(model, spec=spec)
@@ -34,7 +34,7 @@ def record_drafts(model, spec, prompts, native: bool, monkeypatch, params=PARAMS
             out = real_chains(*a, **k)
             used.append(out is not None)
             return out
-        monkeypatch.setattr(proposer_mod, "native_chains", counting)
+        monkeypatch.setattr(chains_mod, "native_chains", counting)
 
         def counting_refills(*a, **k):
             out = REAL_REFILL_CHAIN(*a, **k)

@@ -5,16 +5,16 @@ itself has every draft accepted; another draft or an MTP head has the same accep
 counts), for batches of unequal lengths and a sliding-window model."""
 import pytest
 
-import sonarspec_ext.spec.proposer as proposer_mod
+import sonarspec_ext.spec.chains as chains_mod
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
 from helpers.prompts import prompts
 
 
 def _run(model, draft, ps, params, k, monkeypatch, device_chain, method="draft_target"):
-    monkeypatch.setattr(proposer_mod, "native_chains", lambda *a, **kw: None)
+    monkeypatch.setattr(chains_mod, "native_chains", lambda *a, **kw: None)
     calls = []
-    real = proposer_mod.device_chains
-    monkeypatch.setattr(proposer_mod, "device_chains", lambda *a: calls.append(a[2]) or real(*a))
+    real = chains_mod.device_chains
+    monkeypatch.setattr(chains_mod, "device_chains", lambda *a: calls.append(a[2]) or real(*a))
     llm = LLM(model, spec=SpecConfig(method=method, draft=draft, num_draft_tokens=k))
     llm.engine.proposer.device_chain = device_chain
     try:

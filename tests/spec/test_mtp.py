@@ -161,7 +161,7 @@ def test_a_deeper_head_round_trips_and_drafts_losslessly(llama_dir, tmp_path, pl
     and the second as ``layers.1.*``; loaded, it computes what it computed before saving,
     and drafts losslessly, the native chains drafting what the per-op path drafts; the
     one-layer layouts and bad layer counts are refused."""
-    import sonarspec_ext.spec.proposer as proposer_mod
+    import sonarspec_ext.spec.chains as chains_mod
     head = random_head(llama_dir, num_layers=2, seed=5)
     d = save(head, str(tmp_path / "deep"))
     keys = set(load_file(os.path.join(d, "model.safetensors")))
@@ -177,7 +177,7 @@ def test_a_deeper_head_round_trips_and_drafts_losslessly(llama_dir, tmp_path, pl
                                    rtol=1e-5, atol=1e-5)
     llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=d, num_draft_tokens=3))
     assert [o.token_ids for o in llm.generate(ps, params)] == native == plain_greedy(ps, params)
-    monkeypatch.setattr(proposer_mod, "native_chains", lambda *a, **kw: None)
+    monkeypatch.setattr(chains_mod, "native_chains", lambda *a, **kw: None)
     per_op = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=d, num_draft_tokens=3))
     assert [o.token_ids for o in per_op.generate(ps, params)] == native
     assert per_op.stats()["accepted_per_position"] == llm.stats()["accepted_per_position"]

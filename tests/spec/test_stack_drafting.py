@@ -6,12 +6,12 @@ at batch 4; row forwards equal bit for bit."""
 import pytest
 import torch
 
-import sonarspec_ext.spec.proposer as proposer_mod
+import sonarspec_ext.spec.chains as chains_mod
 from helpers.drafting import PROMPTS, record_drafts
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
 from sonarspec_ext.models.llama import vocab_logits
 from sonarspec_ext.ops.stack_drafting import chain, rows_forward
-from sonarspec_ext.spec.proposer import native_chains
+from sonarspec_ext.spec.chains import native_chains
 
 @pytest.mark.parametrize("which,k", [("random", 3), ("random_eagle1", 4), ("trained", 2)])
 def test_mtp_chains_equal_round_by_round(llama_dir, heads, which, k, monkeypatch):
@@ -64,7 +64,7 @@ def test_sampled_drafts_equal_round_by_round(method, k, monkeypatch):
         used.append(out is not None)
         return out
     for native in (True, False):
-        monkeypatch.setattr(proposer_mod, "native_chains", counting if native else (lambda *a, **kw: None))
+        monkeypatch.setattr(chains_mod, "native_chains", counting if native else (lambda *a, **kw: None))
         llm = LLM("default", spec=spec, draft_sampling=True)
         llm.engine.proposer.device_chain = native
         fused = llm.engine.proposer.runner.refill_chain

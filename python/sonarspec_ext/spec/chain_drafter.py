@@ -19,8 +19,8 @@ import torch
 from ..models.llama import vocab_logits
 from .draft_stop import truncate_rows
 from .lookup import LookupDrafts
-from .proposer import (Draft, Proposer, RefillRow, chain_sampling, draft_penalties, flush_waiting, fused_chains,
-                       propose_chains, vocab_probs, waiting_rows)
+from .chains import chain_sampling, draft_penalties, fused_chains, propose_chains, vocab_probs
+from .proposer import Draft, Proposer, RefillRow, flush_waiting, waiting_rows
 
 
 LOOKUP_MAX_NGRAM, LOOKUP_MIN_NGRAM = 4, 3   # the context n-grams lookup drafts match (longest first)
