@@ -19,6 +19,7 @@ the benchmark's chat questions (unseeded requests: drafts drawn from q):
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 
 import torch
@@ -69,7 +70,7 @@ def main() -> None:
     ap.add_argument("--gumbel-draws", type=int, default=256)
     ap.add_argument("--head-threshold", type=float, default=1 / 256)
     args = ap.parse_args()
-    found = {"rejection": [], "inverse_cdf_coupling": [], "gumbel_coupling": [], "head_tail_race": []}
+    found = collections.defaultdict(list)   # rule -> first-draft acceptance per step (rule_acceptance's keys)
     verify = generic_step.verify_chains
 
     def measuring(items):
