@@ -32,7 +32,7 @@ def step_times(planner, build, num_seqs: int, context: int, steps: int) -> float
         for i in range(num_seqs):
             planner.append_tokens(i, 1)
         t0 = time.perf_counter()
-        seqs, _ = planner.schedule(4)
+        seqs = planner.schedule(4)[0]
         build(planner, seqs)
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e6

@@ -18,7 +18,7 @@ namespace {
 py::tuple plan_to_python(const StepPlan& plan) {
   py::list seqs;
   for (const auto& s : plan.seqs) seqs.append(py::make_tuple(s.seq_id, s.start, s.num_query_tokens));
-  return py::make_tuple(seqs, plan.preempted);
+  return py::make_tuple(seqs, plan.preempted, plan.cached);
 }
 
 template <typename T>
@@ -138,7 +138,8 @@ void bind_planner(py::module_& m) {
       .def_readwrite("page_size", &PlannerConfig::page_size)
       .def_readwrite("max_num_seqs", &PlannerConfig::max_num_seqs)
       .def_readwrite("max_num_batched_tokens", &PlannerConfig::max_num_batched_tokens)
-      .def_readwrite("max_model_len", &PlannerConfig::max_model_len);
+      .def_readwrite("max_model_len", &PlannerConfig::max_model_len)
+      .def_readwrite("enable_prefix_caching", &PlannerConfig::enable_prefix_caching);
 
   py::class_<PlanHandle, std::shared_ptr<PlanHandle>>(m, "PlanHandle")
       .def("wait",
@@ -150,26 +151,36 @@ void bind_planner(py::module_& m) {
              }
              return plan_to_python(plan);
            },
-           "Blocks until the plan is ready: ([(seq_id, start, num_query_tokens)], [preempted]).")
+           "Blocks until the plan is ready: ([(seq_id, start, num_query_tokens)], [preempted], "
+           "[(seq_id, tokens found in the prefix cache)]).")
       .def_property_readonly("ready", &PlanHandle::ready);
 
   py::class_<Planner>(m, "Planner")
       .def(py::init<const PlannerConfig&>())
-      .def("add_request", &Planner::add_request, py::arg("seq_id"), py::arg("num_tokens"))
+      .def("add_request", &Planner::add_request, py::arg("seq_id"), py::arg("num_tokens"),
+           py::arg("tokens") = std::vector<int32_t>(),
+           "Queues a request of num_tokens tokens; with prefix caching, tokens (its ids) are matched "
+           "against the cache when it is admitted.")
       .def("append_tokens", &Planner::append_tokens, py::arg("seq_id"), py::arg("num_new"))
       .def("truncate", &Planner::truncate, py::arg("seq_id"), py::arg("length"))
       .def("commit", &Planner::commit, py::arg("seq_id"), py::arg("num_computed"))
-      .def("finish", &Planner::finish, py::arg("seq_id"))
+      .def("finish", &Planner::finish, py::arg("seq_id"), py::arg("tokens") = std::vector<int32_t>(),
+           py::arg("num_valid") = 0,
+           "Releases a sequence; with prefix caching its full pages among the first num_valid "
+           "positions of tokens (KV valid there in every model) are cached.")
       .def("schedule", [](Planner& self, int32_t lookahead) { return plan_to_python(self.schedule(lookahead)); },
            py::arg("lookahead") = 0,
-           "Plan the next step: ([(seq_id, start, num_query_tokens)], [preempted seq_ids]).")
+           "Plan the next step: ([(seq_id, start, num_query_tokens)], [preempted seq_ids], "
+           "[(seq_id, tokens found in the prefix cache)]).")
       .def("schedule_async", &Planner::schedule_async, py::arg("lookahead") = 0, py::keep_alive<0, 1>(),
            "Plan the next step on the planner's worker thread; returns a PlanHandle.")
       .def("page_table", &Planner::page_table, py::arg("seq_id"))
       .def("num_computed", &Planner::num_computed, py::arg("seq_id"))
       .def("num_tokens", &Planner::num_tokens, py::arg("seq_id"))
       .def("has", &Planner::has, py::arg("seq_id"))
-      .def_property_readonly("num_free_pages", &Planner::num_free_pages)
+      .def_property_readonly("num_free_pages", &Planner::num_free_pages,
+                             "Pages a sequence can get: free ones and cached ones no sequence holds.")
+      .def_property_readonly("num_cached_pages", &Planner::num_cached_pages)
       .def_property_readonly("num_waiting", &Planner::num_waiting)
       .def_property_readonly("num_running", &Planner::num_running)
       .def_property_readonly("page_size", [](const Planner& p) { return p.config().page_size; })

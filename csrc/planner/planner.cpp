@@ -99,6 +99,7 @@ Planner::Planner(const PlannerConfig& config) : config_(config) {
   free_pages_.reserve(config.num_pages);
   // Stack of free pages: page 0 is handed out first.
   for (int32_t p = config.num_pages - 1; p >= 0; --p) free_pages_.push_back(p);
+  if (config.enable_prefix_caching) cache_ = std::make_unique<PrefixCache>(config.num_pages, config.page_size);
 }
 
 Planner::Seq& Planner::get(int64_t seq_id) {
@@ -123,7 +124,7 @@ int32_t Planner::lookahead_room(int32_t num_slots, int32_t lookahead) const {
   return std::max(0, std::min(lookahead, config_.max_model_len - num_slots));
 }
 
-void Planner::add_request(int64_t seq_id, int32_t num_tokens) {
+void Planner::add_request(int64_t seq_id, int32_t num_tokens, const std::vector<int32_t>& tokens) {
   std::lock_guard<std::mutex> lock(mu_);
   if (seqs_.count(seq_id)) throw std::invalid_argument("sequence id " + id_str(seq_id) + " is already in use");
   if (num_tokens <= 0) throw std::invalid_argument("a request needs at least one token");
@@ -133,8 +134,12 @@ void Planner::add_request(int64_t seq_id, int32_t num_tokens) {
   if (pages_for(num_tokens + 1) > config_.num_pages)
     throw std::invalid_argument("request needs " + std::to_string(pages_for(num_tokens + 1)) +
                                 " KV pages but the pool has only " + std::to_string(config_.num_pages));
+  if (!tokens.empty() && static_cast<int32_t>(tokens.size()) != num_tokens)
+    throw std::invalid_argument("request has " + std::to_string(num_tokens) + " tokens but " +
+                                std::to_string(tokens.size()) + " token ids were given");
   Seq seq;
   seq.num_tokens = num_tokens;
+  if (cache_) seq.prompt = tokens;
   seqs_.emplace(seq_id, std::move(seq));
   waiting_.push_back(seq_id);
 }
@@ -166,9 +171,39 @@ void Planner::commit(int64_t seq_id, int32_t num_computed) {
   seq.num_computed = num_computed;
 }
 
-void Planner::release(Seq& seq) {
-  free_pages_.insert(free_pages_.end(), seq.pages.rbegin(), seq.pages.rend());
+// The sequence's own pages are cached while they continue an unbroken run of cached pages
+// from the first one and hold valid KV (page i: positions below num_valid, and the token
+// after it known), else freed. Then every cached page of the sequence loses its reference,
+// the last page first: a prefix's tail is evicted before the pages it continues.
+void Planner::release(Seq& seq, const std::vector<int32_t>& tokens, int32_t num_valid) {
+  std::vector<int32_t> freed, held;
+  uint64_t parent = 0;
+  bool chained = cache_ != nullptr;
+  const size_t ps = static_cast<size_t>(config_.page_size);
+  for (size_t i = 0; i < seq.pages.size(); ++i) {
+    int32_t page = seq.pages[i];
+    if (cache_ && cache_->cached(page)) {
+      parent = cache_->entry_id(page);
+      held.push_back(page);
+      continue;
+    }
+    size_t end = (i + 1) * ps;
+    chained = chained && end <= static_cast<size_t>(std::max(num_valid, 0)) && end < tokens.size();
+    bool duplicate = false;
+    if (chained) parent = cache_->insert(page, parent, tokens, i * ps, &duplicate);
+    (!chained || duplicate ? freed : held).push_back(page);
+  }
+  for (auto it = held.rbegin(); it != held.rend(); ++it) cache_->release(*it);
+  free_pages_.insert(free_pages_.end(), freed.rbegin(), freed.rend());
   seq.pages.clear();
+}
+
+// Takes the cached pages matching a waiting sequence's prompt; returns the tokens they hold.
+int32_t Planner::match_prefix(Seq& seq) {
+  if (!cache_ || !seq.pages.empty() || seq.num_computed != 0) return 0;
+  seq.pages = cache_->match(seq.prompt);
+  seq.num_computed = static_cast<int32_t>(seq.pages.size()) * config_.page_size;
+  return seq.num_computed;
 }
 
 void Planner::remove_from_queues(int64_t seq_id) {
@@ -176,10 +211,14 @@ void Planner::remove_from_queues(int64_t seq_id) {
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), seq_id), waiting_.end());
 }
 
-void Planner::finish(int64_t seq_id) {
+void Planner::finish(int64_t seq_id, const std::vector<int32_t>& tokens, int32_t num_valid) {
   std::lock_guard<std::mutex> lock(mu_);
   Seq& seq = get(seq_id);
-  release(seq);
+  if (num_valid > seq.num_tokens || static_cast<int64_t>(tokens.size()) > seq.num_tokens)
+    throw std::invalid_argument("sequence " + id_str(seq_id) + " has " + std::to_string(seq.num_tokens) +
+                                " tokens: cannot cache " + std::to_string(tokens.size()) + " tokens with " +
+                                std::to_string(num_valid) + " valid");
+  release(seq, tokens, num_valid);
   remove_from_queues(seq_id);
   seqs_.erase(seq_id);
 }
@@ -196,8 +235,13 @@ void Planner::preempt(int64_t seq_id) {
 bool Planner::grow(Seq& seq, int32_t num_slots) {
   int32_t need = pages_for(num_slots) - static_cast<int32_t>(seq.pages.size());
   if (need <= 0) return true;
-  if (need > static_cast<int32_t>(free_pages_.size())) return false;
+  int32_t evictable = cache_ ? cache_->num_evictable() : 0;
+  if (need > static_cast<int32_t>(free_pages_.size()) + evictable) return false;
   for (int32_t i = 0; i < need; ++i) {
+    if (free_pages_.empty()) {  // the least recently used cached page
+      seq.pages.push_back(cache_->evict());
+      continue;
+    }
     seq.pages.push_back(free_pages_.back());
     free_pages_.pop_back();
   }
@@ -245,10 +289,18 @@ StepPlan Planner::schedule_locked(int32_t lookahead) {
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     int64_t id = waiting_.front();
     Seq& seq = seqs_.at(id);
+    int32_t num_cached = match_prefix(seq);
     int32_t num_new = std::min(seq.num_tokens - seq.num_computed, budget);
     bool complete = seq.num_computed + num_new == seq.num_tokens;
     int32_t slots = seq.num_computed + num_new + (complete ? lookahead_room(seq.num_computed + num_new, lookahead) : 0);
-    if (!grow(seq, slots)) break;
+    if (!grow(seq, slots)) {
+      if (num_cached) {  // give the matched pages back until it is admitted
+        release(seq);
+        seq.num_computed = 0;
+      }
+      break;
+    }
+    if (num_cached) plan.cached.emplace_back(id, num_cached);
     waiting_.pop_front();
     running_.push_back(id);
     seq.running = true;
@@ -277,7 +329,11 @@ bool Planner::has(int64_t seq_id) const {
 }
 int32_t Planner::num_free_pages() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int32_t>(free_pages_.size());
+  return static_cast<int32_t>(free_pages_.size()) + (cache_ ? cache_->num_evictable() : 0);
+}
+int32_t Planner::num_cached_pages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_ ? cache_->num_cached() : 0;
 }
 int32_t Planner::num_waiting() const {
   std::lock_guard<std::mutex> lock(mu_);

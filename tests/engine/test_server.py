@@ -23,7 +23,8 @@ def test_completions_and_chat_equal_the_library(server):
     want = oracle.generate(["def add(a, b):"], SamplingParams(max_tokens=24, temperature=0))[0]
     assert body["choices"][0]["text"] == want.text and body["object"] == "text_completion"
     assert body["usage"] == {"prompt_tokens": len(want.prompt_token_ids), "completion_tokens": len(want.token_ids),
-                             "total_tokens": len(want.prompt_token_ids) + len(want.token_ids)}
+                             "total_tokens": len(want.prompt_token_ids) + len(want.token_ids),
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert body["choices"][0]["finish_reason"] == want.finish_reason and body["id"].startswith("cmpl-")
     msgs = [{"role": "user", "content": "Write a loop."}]
     r = _post(url, "/v1/chat/completions", {"messages": msgs, "max_completion_tokens": 20, "temperature": 0})
@@ -248,3 +249,23 @@ def test_n_choices_stream_with_their_indices(server):
     assert texts == {j: w.text for j, w in enumerate(want)}
     assert usage.prompt_tokens == len(want[0].prompt_token_ids)
     assert usage.completion_tokens == sum(len(w.token_ids) for w in want)
+
+
+def test_a_chat_turn_reuses_the_earlier_turns_kv(server):
+    """The second turn's request begins with the first's: the prefix cache supplies those
+    tokens' KV (reported as OpenAI's ``usage.prompt_tokens_details.cached_tokens``) and the
+    reply equals the library's."""
+    openai = pytest.importorskip("openai")
+    url, _, _, oracle = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
+    msgs = [{"role": "system", "content": "You are a careful assistant who answers questions about Python code."},
+            {"role": "user", "content": "What does a list comprehension do?"}]
+    first = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, temperature=0)
+    msgs += [{"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "And a generator expression?"}]
+    second = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, temperature=0)
+    want = oracle.chat(msgs, SamplingParams(max_tokens=24, temperature=0))[0]
+    assert second.choices[0].message.content == want.text
+    assert second.usage.prompt_tokens == len(want.prompt_token_ids)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 32 and cached % 16 == 0 and cached < second.usage.prompt_tokens

@@ -22,7 +22,7 @@ def paged_logits(model, prompts, continuations, page_size, num_pages=256, native
         planner.add_request(i, len(p))
     out = [[] for _ in prompts]
     for step in range(len(continuations[0]) + 1):
-        scheduled, preempted = planner.schedule(0)
+        scheduled, preempted, _ = planner.schedule(0)
         assert not preempted
         ids, rows, all_idx = [], [], []
         for sid, start, n in scheduled:

@@ -16,8 +16,8 @@ def planner(num_pages=32, page_size=4, max_num_seqs=8, budget=64, max_len=256):
 def test_pages_cover_scheduled_tokens_and_lookahead():
     p = planner()
     p.add_request(7, 9)
-    seqs, pre = p.schedule(3)
-    assert seqs == [(7, 0, 9)] and pre == []
+    seqs, pre, cached = p.schedule(3)
+    assert seqs == [(7, 0, 9)] and pre == [] and cached == []
     assert len(p.page_table(7)) == 3          # ceil((9 + 3) / 4)
     p.append_tokens(7, 1)
     assert p.schedule(3)[0] == [(7, 9, 1)]
@@ -59,7 +59,7 @@ def test_random_workload_returns_every_page():
             p.add_request(next_id, n)
             live[next_id] = rng.randint(1, 40)  # tokens still to generate
             next_id += 1
-        seqs, pre = p.schedule(rng.choice([0, 0, 2]))
+        seqs, pre, _ = p.schedule(rng.choice([0, 0, 2]))
         preemptions += len(pre)
         for sid, start, n in seqs:
             assert p.num_computed(sid) == start + n
@@ -103,7 +103,7 @@ def _drive(planners, seed, iterations=500, lookahead=3):
         plans = [p.schedule(lookahead) if not hasattr(p, "schedule_async") or it % 2 else
                  p.schedule_async(lookahead).wait() for p in planners]
         assert all(pl == plans[0] for pl in plans), (it, plans)
-        seqs, pre = plans[0]
+        seqs, pre, _ = plans[0]
         preemptions += len(pre)
         steps += 1
         for sid, start, n in seqs:
@@ -149,7 +149,7 @@ def test_async_errors_surface_at_wait_and_plans_keep_call_order():
         p.schedule_async(-1).wait()
     p.add_request(1, 5)
     h1, h2 = p.schedule_async(0), p.schedule_async(0)
-    assert h2.wait() == ([], []) and h1.wait() == ([(1, 0, 5)], []) and h1.ready
+    assert h2.wait() == ([], [], []) and h1.wait() == ([(1, 0, 5)], [], []) and h1.ready
 
 
 def test_waiting_on_a_later_plan_never_computes_it_before_an_earlier_one():
@@ -161,7 +161,7 @@ def test_waiting_on_a_later_plan_never_computes_it_before_an_earlier_one():
         p.add_request(1, 5)
         handles = [p.schedule_async(0) for _ in range(3)]
         plans = [h.wait() for h in reversed(handles)][::-1]
-        assert plans == [([(1, 0, 5)], []), ([], []), ([], [])]
+        assert plans == [([(1, 0, 5)], [], []), ([], [], []), ([], [], [])]
 
 
 def test_native_metadata_matches_the_python_reference():
@@ -206,7 +206,7 @@ def test_planner_metadata_reads_its_own_page_tables_in_flashinfer_layout():
     p = planner(num_pages=32, page_size=4)
     p.add_request(3, 9)
     p.add_request(5, 2)
-    seqs, _ = p.schedule(2)
+    seqs = p.schedule(2)[0]
     ids, starts, nums = (np.array([s[i] for s in seqs]) for i in range(3))
     got = p.build_metadata(ids, starts, nums, None, 0, True)
     want = _C.build_metadata([(s, n, p.page_table(i)) for i, s, n in seqs], None, 4, 0, True)

@@ -1,6 +1,7 @@
 // Batch planner: request queues, admission, one page table shared by every model of the
 // engine (target and draft index the same page ids), page allocation and release, and
-// preemption by recompute. Every public method is thread safe (one lock); schedule_async
+// preemption by recompute, and optionally a prefix cache (prefix_cache.h) that keeps
+// finished sequences' pages for later requests with the same first tokens. Every public method is thread safe (one lock); schedule_async
 // plans on the planner's own worker thread, so a caller can overlap planning with other
 // work and wait for the plan only when it needs it. Plain C++, no bindings.
 #pragma once
@@ -11,9 +12,12 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include "sonarspec/prefix_cache.h"
 
 namespace sonarspec {
 
@@ -23,6 +27,7 @@ struct PlannerConfig {
   int32_t max_num_seqs = 64;
   int32_t max_num_batched_tokens = 2048;
   int32_t max_model_len = 2048;
+  bool enable_prefix_caching = false;
 };
 
 // One sequence's share of a step: tokens [start, start + num_query_tokens) are run.
@@ -35,6 +40,9 @@ struct ScheduledSeq {
 struct StepPlan {
   std::vector<ScheduledSeq> seqs;
   std::vector<int64_t> preempted;  // lost their KV; will be re-prefilled from token 0
+  // sequences admitted with their first tokens' KV found in the prefix cache: (seq_id,
+  // tokens); their first scheduled token follows them
+  std::vector<std::pair<int64_t, int32_t>> cached;
 };
 
 class Planner;
@@ -66,9 +74,10 @@ class Planner {
   Planner(const Planner&) = delete;
   Planner& operator=(const Planner&) = delete;
 
-  // Registers a request with num_tokens known tokens (the prompt). Throws
-  // std::invalid_argument when the id is taken or the request can never fit.
-  void add_request(int64_t seq_id, int32_t num_tokens);
+  // Registers a request with num_tokens known tokens (the prompt). With prefix caching,
+  // `tokens` (the prompt's ids, or empty) are matched against the cache when it is admitted.
+  // Throws std::invalid_argument when the id is taken or the request can never fit.
+  void add_request(int64_t seq_id, int32_t num_tokens, const std::vector<int32_t>& tokens = {});
   // Records num_new more known tokens (sampled) for a sequence.
   void append_tokens(int64_t seq_id, int32_t num_new);
   // Rolls a sequence back to `length` tokens; KV slots past it are reused later.
@@ -76,8 +85,10 @@ class Planner {
   // Marks the first num_computed tokens' KV as valid (after verifying draft tokens
   // written into lookahead slots). Needs num_computed <= num_tokens and reserved slots.
   void commit(int64_t seq_id, int32_t num_computed);
-  // Releases a finished or aborted sequence and all its pages.
-  void finish(int64_t seq_id);
+  // Releases a finished or aborted sequence and all its pages. With prefix caching, its
+  // full pages among the first num_valid positions of `tokens` (the sequence's ids; KV valid
+  // there in every model) are cached, each while the token after it is known.
+  void finish(int64_t seq_id, const std::vector<int32_t>& tokens = {}, int32_t num_valid = 0);
 
   // Decides the next step. Sequences that will be fully computed after the step get
   // `lookahead` extra reserved slots (draft tokens). Advances num_computed.
@@ -91,7 +102,9 @@ class Planner {
   int32_t num_computed(int64_t seq_id) const;
   int32_t num_tokens(int64_t seq_id) const;
   bool has(int64_t seq_id) const;
+  // Pages a sequence can get: free ones and cached ones no sequence holds.
   int32_t num_free_pages() const;
+  int32_t num_cached_pages() const;
   int32_t num_waiting() const;
   int32_t num_running() const;
   const PlannerConfig& config() const { return config_; }
@@ -102,13 +115,15 @@ class Planner {
     int32_t num_computed = 0;
     bool running = false;
     std::vector<int32_t> pages;
+    std::vector<int32_t> prompt;  // matched against the prefix cache at admission
   };
   Seq& get(int64_t seq_id);
   const Seq& get(int64_t seq_id) const;
   int32_t pages_for(int32_t num_slots) const;
   int32_t lookahead_room(int32_t num_slots, int32_t lookahead) const;
   bool grow(Seq& seq, int32_t num_slots);
-  void release(Seq& seq);
+  void release(Seq& seq, const std::vector<int32_t>& tokens = {}, int32_t num_valid = 0);
+  int32_t match_prefix(Seq& seq);
   void preempt(int64_t seq_id);
   void remove_from_queues(int64_t seq_id);
   StepPlan schedule_locked(int32_t lookahead);
@@ -129,6 +144,7 @@ class Planner {
   std::deque<int64_t> waiting_;
   std::vector<int64_t> running_;  // admission order: the last one is preempted first
   std::vector<int32_t> free_pages_;
+  std::unique_ptr<PrefixCache> cache_;  // null without prefix caching
 };
 
 }  // namespace sonarspec

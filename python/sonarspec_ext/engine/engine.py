@@ -77,6 +77,7 @@ class Engine:
         pc.num_pages, pc.page_size = num_pages, c.page_size
         pc.max_num_seqs, pc.max_num_batched_tokens = c.max_num_seqs, c.max_num_batched_tokens
         pc.max_model_len = self.max_model_len
+        pc.enable_prefix_caching = bool(c.enable_prefix_caching)
         self.planner = _C.Planner(pc)
         self.proposer = make_proposer(self.spec, draft_dir, self.model, self.planner, num_pages, c.page_size,
                                       self.dtype, self.device, c.draft_sampling)
@@ -103,7 +104,8 @@ class Engine:
         # steps with decoding sequences of a speculating engine: drafted for some, or paused by
         # the load control (spec_max_batch, adaptive speculation)
         self.decode_steps = {"speculating": 0, "paused": 0}
-        self.output = OutputProcessor(self.tokenizer, self.planner, self.proposer, self.max_model_len)
+        self.output = OutputProcessor(self.tokenizer, self.planner, self.proposer, self.max_model_len,
+                                      c.enable_prefix_caching)
         self.finished = self.output.finished   # statistics of finished requests, as running totals
         self._step_seq_ids: List[int] = []   # the running step's sequences (failed together if it raises)
         if c.freeze_gc:
@@ -139,7 +141,7 @@ class Engine:
             raise ValueError(f"prompt has {len(ids)} tokens but the context holds {self.max_model_len} "
                              f"(prompt plus at least one generated token)")
         seq_id = next(self._ids)
-        self.planner.add_request(seq_id, len(ids))
+        self.planner.add_request(seq_id, len(ids), ids if self.config.enable_prefix_caching else [])
         self.seqs[seq_id] = Request(seq_id, ids, params, self.eos_ids, self.device, self.tokenizer)
         return seq_id
 
@@ -210,12 +212,16 @@ class Engine:
 
     def _step(self) -> List[Request]:
         t0 = time.perf_counter()
-        scheduled, preempted = self._plan()
+        scheduled, preempted, cached = self._plan()
         self._step_seq_ids = [sid for sid, _, _ in scheduled]
         for sid in preempted:
             if sid in self.seqs:
                 self.seqs[sid].num_preemptions += 1
                 self.proposer.reset(self.seqs[sid])
+        for sid, num_tokens in cached:   # admitted with their first tokens' KV from the prefix cache
+            if sid in self.seqs and not self.seqs[sid].finished:
+                self.seqs[sid].num_cached_tokens = num_tokens
+                self.proposer.adopt_prefix(self.seqs[sid], num_tokens)
         if not scheduled:
             return []
         batch = [(self.seqs[sid], start, n) for sid, start, n in scheduled]
@@ -262,11 +268,11 @@ class Engine:
         if self._next_plan is None:
             return self.planner.schedule(self.proposer.lookahead)
         t = time.perf_counter()
-        scheduled, preempted = self._next_plan.wait()
+        scheduled, preempted, cached = self._next_plan.wait()
         self._next_plan = None
         self.timing["wait"] += time.perf_counter() - t
         live = lambda sid: sid in self.seqs and not self.seqs[sid].finished  # noqa: E731
-        return [s for s in scheduled if live(s[0])], preempted
+        return [s for s in scheduled if live(s[0])], preempted, cached
 
     def emit(self, seq: Request, tokens: List[int], accepted: int, draft, logits=None) -> int:
         """Appends a step's tokens to ``seq`` and commits its verified KV; returns the

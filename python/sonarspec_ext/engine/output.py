@@ -12,15 +12,16 @@ from .request import Request
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, planner, proposer, max_model_len: int):
+    def __init__(self, tokenizer, planner, proposer, max_model_len: int, prefix_caching: bool = False):
         self.tokenizer, self.planner, self.proposer = tokenizer, planner, proposer
-        self.max_model_len = max_model_len
+        self.max_model_len, self.prefix_caching = max_model_len, prefix_caching
         self.finished = RequestTotals()   # statistics of finished requests, as running totals
 
     def append(self, seq: Request, tokens: List[int]) -> None:
         """Appends emitted tokens, stopping exactly at the first stop condition."""
         if seq.first_token_time is None and tokens:
             seq.first_token_time = time.perf_counter()
+        seq.kv_len = seq.num_tokens   # the step that emits tokens has run the target over all before them
         p = seq.params
         for tok in tokens:
             seq.output_ids.append(tok)
@@ -44,11 +45,15 @@ class OutputProcessor:
 
     def finish(self, seq: Request, reason: str, text: Optional[str] = None) -> None:
         """Finishes ``seq`` with ``reason``: its pages and drafter state released, its
-        statistics added to the totals."""
+        statistics added to the totals. Unless it failed, pages whose KV is valid in every
+        model go to the planner's prefix cache (when it keeps one)."""
         seq.text = text if text is not None else self.tokenizer.decode(seq.output_ids)
         seq.finish_reason = reason
         if self.planner.has(seq.seq_id):
-            self.planner.finish(seq.seq_id)
+            if reason == "error" or not self.prefix_caching:
+                self.planner.finish(seq.seq_id)
+            else:
+                self.planner.finish(seq.seq_id, seq.all_ids, min(seq.kv_len, self.proposer.kv_valid(seq)))
         self.proposer.reset(seq)
         self.finished.add(seq.stats(), seq.finish_reason)
 

@@ -43,6 +43,8 @@ class Request:
         self.drafted_per_position: List[int] = []   # steps that proposed a token at position k
         self.accepted_per_position: List[int] = []  # steps that accepted it
         self.num_preemptions = 0
+        self.num_cached_tokens = 0   # prompt tokens whose KV came from the prefix cache (last admission)
+        self.kv_len = 0              # positions below it hold the target's KV (written by finished steps)
         # with params.logprobs: one sampling.logprobs.TokenLogprob per output token
         self.logprobs: Optional[list] = None if params.logprobs is None else []
         self.token_counts = None   # with penalties: sampling.penalties.TokenCounts, made at the first step
@@ -108,6 +110,7 @@ class Request:
             "drafted_per_position": list(self.drafted_per_position),
             "num_accepted_per_position": list(self.accepted_per_position),
             "num_prompt_tokens": len(self.prompt_ids),
+            "num_cached_tokens": self.num_cached_tokens,
             "num_output_tokens": len(self.output_ids),
             "num_preemptions": self.num_preemptions,
             "ttft_s": None if self.first_token_time is None else self.first_token_time - self.arrival,

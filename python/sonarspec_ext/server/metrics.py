@@ -19,6 +19,8 @@ class Metrics:
         self.finished = Counter(p + "requests_finished", "Finished requests by reason", ["reason"], registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Generated tokens", registry=r)
+        self.cached_prompt_tokens = Counter(p + "prefix_cache_hit_tokens", "Prompt tokens whose KV came from the "
+                                            "prefix cache (finished requests)", registry=r)
         self.ttft = Histogram(p + "time_to_first_token_seconds", "Arrival to first token", buckets=_LATENCY,
                               registry=r)
         self.itl = Histogram(p + "inter_token_latency_seconds", "Time per generated token after the first",
@@ -49,6 +51,7 @@ class Metrics:
         self.finished.labels(reason=done.finish_reason).inc()
         self.e2e.observe(latency_s)
         st = done.stats or {}
+        self.cached_prompt_tokens.inc(st.get("num_cached_tokens", 0))
         self.draft_tokens.inc(st.get("num_draft_tokens", 0))
         self.accepted_tokens.inc(st.get("num_accepted_tokens", 0))
         self.spec_steps.inc(st.get("num_steps", 0))
@@ -80,6 +83,8 @@ class _EngineState:
         yield GaugeMetricFamily(p + "kv_pages_in_use", "KV cache pages held by requests",
                                 value=total - planner.num_free_pages)
         yield GaugeMetricFamily(p + "kv_pages_total", "KV cache pages", value=total)
+        yield GaugeMetricFamily(p + "kv_pages_cached", "KV cache pages in the prefix cache (held by requests "
+                                "or free to evict)", value=planner.num_cached_pages)
         steps = CounterMetricFamily(p + "spec_engine_steps", "Engine steps with decoding sequences: drafted "
                                     "(speculating) or run plainly by the load control (paused)", labels=["kind"])
         for kind, n in dict(self.engine.decode_steps).items():

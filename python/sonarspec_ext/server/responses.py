@@ -57,9 +57,10 @@ def _error_status(done: Done) -> Tuple[int, str]:
     return (400, "invalid_request_error") if done.rejected else (500, "server_error")
 
 
-def _usage(choices: Sequence[Choice], dones: Sequence[Done]) -> Dict[str, int]:
-    return usage(sum(d.prompt_tokens for (_, _, counted), d in zip(choices, dones) if counted),
-                 sum(d.completion_tokens for d in dones))
+def _usage(choices: Sequence[Choice], dones: Sequence[Done]) -> Dict[str, Any]:
+    counted = [d for (_, _, first), d in zip(choices, dones) if first]
+    return usage(sum(d.prompt_tokens for d in counted), sum(d.completion_tokens for d in dones),
+                 sum(d.stats.get("num_cached_tokens", 0) for d in counted))
 
 
 def _spec(dones: Sequence[Done]) -> Dict[str, Any]:

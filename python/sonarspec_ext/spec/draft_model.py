@@ -38,6 +38,13 @@ class DraftModelProposer(ChainDrafter):
         st = self.state.get(seq.seq_id)
         return st is not None and st[0] == seq.num_tokens
 
+    def kv_valid(self, seq) -> int:
+        st = self.state.get(seq.seq_id)
+        return 0 if st is None else st[0]
+
+    def adopt_prefix(self, seq, num_tokens: int) -> None:
+        self.state[seq.seq_id] = (num_tokens, None)
+
     def _carry(self, row: RefillRow, logits, output) -> None:
         self.state[row.seq.seq_id] = (row.end, logits)
 

@@ -60,6 +60,13 @@ class MTPProposer(ChainDrafter):
         """An at_end row carries its logits and feature into the next step."""
         self.state[row.seq.seq_id] = _HeadState(row.end, logits, output) if row.at_end else _HeadState(row.end)
 
+    def kv_valid(self, seq) -> int:
+        st = self.state.get(seq.seq_id)
+        return 0 if st is None else st.valid
+
+    def adopt_prefix(self, seq, num_tokens: int) -> None:
+        self.state[seq.seq_id] = _HeadState(num_tokens)
+
     def _features(self, rows: List[RefillRow]) -> torch.Tensor:
         return torch.cat([row.features for row in rows])
 

@@ -110,6 +110,15 @@ class Proposer:
     def reset(self, seq) -> None:
         """``seq`` lost its KV (preempted) or finished."""
 
+    def kv_valid(self, seq) -> int:
+        """Positions of ``seq`` below it hold valid KV in the proposer's own pool (a drafter
+        model's; proposers without one: no limit)."""
+        return 1 << 62
+
+    def adopt_prefix(self, seq, num_tokens: int) -> None:
+        """``seq`` was admitted with the KV of its first ``num_tokens`` positions found in the
+        prefix cache, in every model's pool: the proposer's too."""
+
 
 class NoProposer(Proposer):
     pass

@@ -82,6 +82,8 @@ class ReferencePlanner:
         return True
 
     def schedule(self, lookahead: int = 0):
+        """The native plan's (scheduled, preempted, cached): the twin keeps no prefix cache,
+        so nothing is found in one."""
         seqs, preempted, budget, i = [], [], self.budget, 0
         while i < len(self.running) and budget > 0:
             sid = self.running[i]
@@ -107,7 +109,7 @@ class ReferencePlanner:
             budget -= n
             i += 1
         if preempted:
-            return seqs, preempted
+            return seqs, preempted, []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             sid = self.waiting[0]
             s = self.seqs[sid]
@@ -121,7 +123,7 @@ class ReferencePlanner:
             seqs.append((sid, s["num_computed"], n))
             s["num_computed"] += n
             budget -= n
-        return seqs, preempted
+        return seqs, preempted, []
 
     def page_table(self, seq_id: int) -> List[int]:
         return list(self.seqs[seq_id]["pages"])
