@@ -94,7 +94,8 @@ def _make_llm(args):
     spec = SpecConfig(method=method, draft=args.draft, num_draft_tokens=k,
                       tree_top_k=args.tree_top_k, tree_num_nodes=args.tree_nodes,
                       draft_stop_prob=args.draft_stop_prob, lookup_draft_tokens=lookup)
-    options = {"adaptive_speculation": args.spec_control == "adaptive"}
+    options = {"adaptive_speculation": args.spec_control == "adaptive",
+               "enable_prefix_caching": not args.no_prefix_caching}
     if getattr(args, "spec_max_batch", None) is not None:
         options["spec_max_batch"] = args.spec_max_batch
     llm = LLM(args.model, spec=spec, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
@@ -173,6 +174,9 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
     p.add_argument("--spec-control", default="adaptive", choices=["adaptive", "always"],
                    help="adaptive: speculate only while it measures faster than plain decoding (probing both); "
                         "always: speculate every step")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="recompute every prompt (by default finished requests' KV stays cached and a prompt that "
+                        "begins with the same tokens, such as a chat's earlier turns, reuses it)")
     p.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,
                    help="weight matrices: auto keeps a GGUF file's Q8_0/Q4_0/Q4_1/K-quant blocks (CPU), none "
                         "dequantizes them at load, q8_0/q4_0/q4_1/q5_0/q5_1 quantize any checkpoint at load")

@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""Multi-turn chat with and without the prefix cache. Each turn's prompt is the whole
+conversation so far (the chat template over the system prompt and every earlier message),
+so without the cache every turn prefills all of it again. Two engines on the same model -
+prefix caching on and off - answer the same conversations turn by turn, alternating which
+goes first; their replies are asserted equal (greedy). Per turn: prompt tokens, tokens found
+in the cache, time to first token and the turn's wall time on each; medians over the
+conversations per turn index, and the ratios.
+
+    python tools/bench_prefix_cache.py [--model smollm2] [--turns 4] [--max-tokens 128]
+                                       [--spec none] [--quantization auto] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from sonarspec_ext import LLM, SamplingParams, SpecConfig
+from sonarspec_ext.bench import cpu_info
+from sonarspec_ext.bench.spec import CHAT_QUESTIONS
+from sonarspec_ext.params import QUANTIZATION_CHOICES
+
+SYSTEM = ("You are a helpful assistant. Answer clearly and concisely, use short paragraphs or lists where "
+          "they help, and include a small example when one makes the answer easier to follow.")
+
+
+def conversations(turns: int):
+    """The held-out chat questions as conversations of ``turns`` user messages each."""
+    qs = CHAT_QUESTIONS
+    return [qs[i:i + turns] for i in range(0, len(qs) - turns + 1, turns)]
+
+
+def turn(llm: LLM, messages, params):
+    t0 = time.perf_counter()
+    out = llm.chat(messages, params)[0]
+    wall = time.perf_counter() - t0
+    return out, {"prompt_tokens": len(out.prompt_token_ids), "cached_tokens": out.stats["num_cached_tokens"],
+                 "ttft_s": out.stats["ttft_s"], "wall_s": wall, "output_tokens": len(out.token_ids)}
+
+
+def run(args) -> dict:
+    spec = None if args.spec == "none" else SpecConfig(method=args.spec, num_draft_tokens=args.k)
+    kw = dict(quantization=args.quantization, **({} if spec is None else {"spec": spec}))
+    engines = {"cached": LLM(args.model, enable_prefix_caching=True, **kw),
+               "uncached": LLM(args.model, enable_prefix_caching=False, **kw)}
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    records = []
+    for c, questions in enumerate(conversations(args.turns)):
+        history = {name: [{"role": "system", "content": SYSTEM}] for name in engines}
+        for t, q in enumerate(questions):
+            order = list(engines) if (c + t) % 2 == 0 else list(engines)[::-1]
+            rec, replies = {"conversation": c, "turn": t}, {}
+            for name in order:
+                history[name].append({"role": "user", "content": q})
+                out, rec[name] = turn(engines[name], history[name], params)
+                history[name].append({"role": "assistant", "content": out.text})
+                replies[name] = out.token_ids
+            assert replies["cached"] == replies["uncached"], f"conversation {c} turn {t}: replies differ"
+            records.append(rec)
+            print(f"conversation {c} turn {t}: {rec['cached']['prompt_tokens']} prompt tokens "
+                  f"({rec['cached']['cached_tokens']} cached), TTFT {rec['cached']['ttft_s'] * 1e3:.1f} ms "
+                  f"vs {rec['uncached']['ttft_s'] * 1e3:.1f} ms without the cache", flush=True)
+    summary = []
+    for t in range(args.turns):
+        rows = [r for r in records if r["turn"] == t]
+        med = lambda name, key: statistics.median(r[name][key] for r in rows)  # noqa: E731
+        summary.append({"turn": t, "prompt_tokens": med("cached", "prompt_tokens"),
+                        "cached_tokens": med("cached", "cached_tokens"),
+                        "ttft_ms": {n: med(n, "ttft_s") * 1e3 for n in engines},
+                        "wall_s": {n: med(n, "wall_s") for n in engines},
+                        "ttft_ratio": med("uncached", "ttft_s") / med("cached", "ttft_s"),
+                        "wall_ratio": med("uncached", "wall_s") / med("cached", "wall_s")})
+    return {"command": vars(args), "cpu": cpu_info(), "records": records, "per_turn": summary}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--spec", default="none", choices=["none", "mtp", "draft_target", "ngram"])
+    ap.add_argument("--k", type=int, default=2, help="draft tokens per step (with --spec)")
+    ap.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not 1 <= args.turns <= len(CHAT_QUESTIONS):
+        ap.error(f"--turns must be in [1, {len(CHAT_QUESTIONS)}]")
+    result = run(args)
+    print("turn  prompt  cached  TTFT cached / uncached (ms)  ratio  turn wall ratio")
+    for s in result["per_turn"]:
+        print(f"{s['turn']:>4}  {s['prompt_tokens']:>6.0f}  {s['cached_tokens']:>6.0f}  "
+              f"{s['ttft_ms']['cached']:>9.1f} / {s['ttft_ms']['uncached']:<9.1f}        "
+              f"{s['ttft_ratio']:>5.2f}x {s['wall_ratio']:>6.2f}x")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
