@@ -34,6 +34,10 @@ def chat_turn(llm: LLM, messages: List[dict], params: SamplingParams, out: TextI
     accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
     drafted = after["num_draft_tokens"] - before["num_draft_tokens"]
     line = f"[{n} tokens in {dt:.2f}s, {n / dt if dt > 0 else 0.0:.1f} tok/s"
+    cached = after["num_cached_tokens"] - before["num_cached_tokens"]
+    if cached:
+        prompt = after["num_prompt_tokens"] - before["num_prompt_tokens"]
+        line += f", {cached} of {prompt} prompt tokens from the prefix cache"
     if drafted:
         line += f", acceptance length {(accepted + steps) / max(steps, 1):.2f}, {accepted}/{drafted} drafts accepted"
         lookups = after["num_lookup_steps"] - before["num_lookup_steps"]

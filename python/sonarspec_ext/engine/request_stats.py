@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import List
 
 SUMMED = ("num_steps", "num_draft_tokens", "num_accepted_tokens", "num_lookup_steps", "num_lookup_accepted_tokens",
-          "num_prompt_tokens", "num_output_tokens", "num_preemptions")
+          "num_prompt_tokens", "num_cached_tokens", "num_output_tokens", "num_preemptions")
 
 
 class RequestTotals:
