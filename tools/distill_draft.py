@@ -30,7 +30,8 @@ from sonarspec_ext.assets import resolve  # noqa: E402
 from sonarspec_ext.layers.attention import DenseCausalAttention  # noqa: E402
 from sonarspec_ext.models.config import ModelConfig  # noqa: E402
 from sonarspec_ext.models.llama import LlamaForCausalLM  # noqa: E402
-from sonarspec_ext.models.loader import load_model, load_state, save_model  # noqa: E402
+from sonarspec_ext.models.loader import load_model, save_model  # noqa: E402
+from sonarspec_ext.models.safetensors_files import load_state  # noqa: E402
 
 SEQ_LEN, BATCH = 256, 8
 

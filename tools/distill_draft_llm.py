@@ -39,8 +39,8 @@ from sonarspec_ext.layers.attention import DenseCausalAttention  # noqa: E402
 from sonarspec_ext.models.draft_llm import save_draft_model  # noqa: E402
 from sonarspec_ext.models.gguf import open_gguf  # noqa: E402
 from sonarspec_ext.models.llama import LlamaForCausalLM  # noqa: E402
-from sonarspec_ext.models.loader import (checkpoint_fingerprint, gguf_file, load_config, load_state,  # noqa: E402
-                                         load_tokenizer)
+from sonarspec_ext.models.loader import checkpoint_fingerprint, gguf_file, load_config, load_tokenizer  # noqa: E402
+from sonarspec_ext.models.safetensors_files import load_state  # noqa: E402
 from sonarspec_ext.ops.quantized import float_weight  # noqa: E402
 from sonarspec_ext.train.features import FeatureSet  # noqa: E402
 from sonarspec_ext.train.train_mtp import frequent_tokens, validate_in_engine  # noqa: E402

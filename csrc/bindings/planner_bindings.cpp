@@ -164,6 +164,9 @@ void bind_planner(py::module_& m) {
       .def("append_tokens", &Planner::append_tokens, py::arg("seq_id"), py::arg("num_new"))
       .def("truncate", &Planner::truncate, py::arg("seq_id"), py::arg("length"))
       .def("commit", &Planner::commit, py::arg("seq_id"), py::arg("num_computed"))
+      .def("cache_prefix", &Planner::cache_prefix, py::arg("seq_id"), py::arg("tokens"), py::arg("num_valid"),
+           "With prefix caching: caches a running sequence's full pages among the first num_valid "
+           "positions of tokens (KV valid there in every model).")
       .def("finish", &Planner::finish, py::arg("seq_id"), py::arg("tokens") = std::vector<int32_t>(),
            py::arg("num_valid") = 0,
            "Releases a sequence; with prefix caching its full pages among the first num_valid "

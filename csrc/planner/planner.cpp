@@ -198,6 +198,32 @@ void Planner::release(Seq& seq, const std::vector<int32_t>& tokens, int32_t num_
   seq.pages.clear();
 }
 
+void Planner::cache_prefix(int64_t seq_id, const std::vector<int32_t>& tokens, int32_t num_valid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Seq& seq = get(seq_id);
+  if (static_cast<int64_t>(tokens.size()) > seq.num_tokens)
+    throw std::invalid_argument("sequence " + id_str(seq_id) + " has " + std::to_string(seq.num_tokens) +
+                                " tokens: cannot cache " + std::to_string(tokens.size()));
+  // never past what the planner has computed (a sequence preempted since its caller's step
+  // has nothing left to cache)
+  num_valid = std::min(num_valid, seq.num_computed);
+  if (!cache_) return;
+  uint64_t parent = 0;
+  const size_t ps = static_cast<size_t>(config_.page_size);
+  for (size_t i = 0; i < seq.pages.size(); ++i) {
+    int32_t page = seq.pages[i];
+    if (cache_->cached(page)) {
+      parent = cache_->entry_id(page);
+      continue;
+    }
+    size_t end = (i + 1) * ps;
+    if (end > static_cast<size_t>(std::max(num_valid, 0)) || end >= tokens.size()) return;
+    bool duplicate = false;
+    parent = cache_->insert(page, parent, tokens, i * ps, &duplicate);
+    if (duplicate) return;
+  }
+}
+
 // Takes the cached pages matching a waiting sequence's prompt; returns the tokens they hold.
 int32_t Planner::match_prefix(Seq& seq) {
   if (!cache_ || !seq.pages.empty() || seq.num_computed != 0) return 0;

@@ -213,16 +213,18 @@ def test_timing_rounds_rotate_their_order():
 
 
 def test_a_chat_turn_reports_its_speculation():
-    """The per-turn line counts this turn's steps only: acceptance, drafts accepted, and the
-    steps whose drafts came from the context (lookup drafts), when there were any."""
+    """The per-turn line counts this turn's steps only: acceptance, drafts accepted, the
+    steps whose drafts came from the context (lookup drafts) and the prompt tokens found in
+    the prefix cache, when there were any."""
     import io
     from sonarspec_ext.chat_cli import chat_turn
 
     class Stub:   # an LLM whose counters move by one turn's worth while it streams
-        def __init__(self, lookups):
-            keys = ("num_output_tokens", "num_steps", "num_accepted_tokens", "num_draft_tokens", "num_lookup_steps")
+        def __init__(self, lookups, cached):
+            keys = ("num_output_tokens", "num_steps", "num_accepted_tokens", "num_draft_tokens", "num_lookup_steps",
+                    "num_prompt_tokens", "num_cached_tokens")
             self.now = dict.fromkeys(keys, 5)
-            self.turn = dict(zip(keys, (12, 4, 8, 11, lookups)))
+            self.turn = dict(zip(keys, (12, 4, 8, 11, lookups, 40, cached)))
 
         def stats(self):
             return dict(self.now)
@@ -232,9 +234,10 @@ def test_a_chat_turn_reports_its_speculation():
             self.now = {k: v + self.turn[k] for k, v in self.now.items()}
             yield " there"
 
-    for lookups, note in ((3, " (3 of 4 steps drafted from the context)"), (0, "")):
+    for lookups, cached, note in ((3, 0, " (3 of 4 steps drafted from the context)"), (0, 32, "")):
         out, err = io.StringIO(), io.StringIO()
-        assert chat_turn(Stub(lookups), [], SamplingParams(), out, err) == "Hello there"
+        assert chat_turn(Stub(lookups, cached), [], SamplingParams(), out, err) == "Hello there"
         assert out.getvalue() == "Hello there\n"
         line = err.getvalue()
         assert line.startswith("[12 tokens in ") and line.endswith(f", acceptance length 3.00, 8/11 drafts accepted{note}]\n")
+        assert (", 32 of 40 prompt tokens from the prefix cache," in line) == bool(cached)

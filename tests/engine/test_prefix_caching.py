@@ -127,3 +127,26 @@ def test_cached_positions_hold_the_kv_each_model_computes_without_the_cache(llam
         assert outs[0] == outs[1]
         history = prompt + outs[0]
     assert checked > 0
+
+
+@pytest.mark.parametrize("scheme", ["plain", "mtp_chain", "draft_target"])
+def test_a_request_admitted_while_another_runs_finds_its_filled_pages(llama_dir, draft_dir, heads, scheme):
+    spec = SPECS[scheme](heads, draft_dir)
+    prompt = _turns(9, n=1)[0] + _turns(10, n=1)[0]
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    outs, hits = {}, {}
+    for caching in (True, False):
+        kw = dict(page_size=PS, enable_prefix_caching=caching, **({} if spec is None else {"spec": spec}))
+        e = LLM(llama_dir, **kw).engine
+        first = e.add_request(prompt, params)
+        for _ in range(6):
+            e.step()
+        second = e.add_request(prompt + e.seqs[first].output_ids[:4] + [7], params)
+        e.step()
+        hits[caching] = e.seqs[second].num_cached_tokens
+        while e.has_unfinished():
+            e.step()
+        outs[caching] = [e.pop_finished(s).output_ids for s in (first, second)]
+        assert e.planner.num_free_pages == e.kv_cache.num_pages
+    assert outs[True] == outs[False]
+    assert hits[False] == 0 and hits[True] >= len(prompt) // PS * PS

@@ -125,6 +125,38 @@ def test_a_request_that_cannot_be_admitted_gives_matched_pages_back():
     assert p.schedule(0) == ([(9, 8, 4)], [], [(9, 8)])
 
 
+def test_running_sequences_offer_their_full_pages():
+    p = planner()
+    a = list(range(100, 113))
+    run_to_end(p, 0, a)
+    p.cache_prefix(0, a, 12)               # pages 0..2 hold valid KV, token 12 follows them
+    assert p.num_cached_pages == 3 and p.num_free_pages == 32 - 4
+    entry, cached = run_to_end(p, 1, a + [1, 2])
+    assert entry == (1, 12, 3) and cached == {1: 12} and p.page_table(1)[:3] == p.page_table(0)[:3]
+    p.cache_prefix(0, a, 12)               # again: nothing changes
+    assert p.num_cached_pages == 3
+    p.finish(0)                            # its own last page freed, the shared ones still held
+    assert p.num_free_pages == 32 - 4 and p.num_cached_pages == 3
+    p.finish(1, a + [1, 2], 14)            # page 3 (positions 12..15) lacks valid KV: freed
+    assert p.num_free_pages == 32 and p.num_cached_pages == 3
+
+
+def test_offering_stops_at_a_page_another_holds_and_never_passes_the_computed_tokens():
+    p = planner()
+    a = list(range(100, 113))
+    run_to_end(p, 0, a)
+    run_to_end(p, 1, a)                    # the same prompt, admitted in the same step
+    p.cache_prefix(0, a, 12)
+    p.cache_prefix(1, a, 12)               # its pages duplicate 0's: they stay its own
+    assert p.num_cached_pages == 3 and p.num_free_pages == 32 - 8
+    p.finish(1, a, 12)
+    assert p.num_free_pages == 32 - 4 and p.num_cached_pages == 3
+    p.add_request(2, 10, list(range(200, 210)))
+    assert p.schedule(0) == ([(2, 0, 10)], [], [])
+    p.cache_prefix(2, list(range(200, 210)), 100)   # clamped to its 10 computed tokens
+    assert p.num_cached_pages == 3 + 2
+
+
 def test_bad_finish_arguments_are_value_errors():
     p = planner()
     run_to_end(p, 0, [1, 2, 3])
@@ -132,6 +164,8 @@ def test_bad_finish_arguments_are_value_errors():
         p.finish(0, [1, 2, 3, 4], 4)
     with pytest.raises(ValueError, match="token ids"):
         p.add_request(1, 5, [1, 2])
+    with pytest.raises(ValueError, match="cannot cache"):
+        p.cache_prefix(0, [1, 2, 3, 4], 3)
 
 
 def _simulate(seed: int, caching: bool):
@@ -159,6 +193,8 @@ def _simulate(seed: int, caching: bool):
             assert [kv.get(slot(i)) for i in range(start)] == toks[sid][:start], (it, sid)
             for i in range(start, start + n):
                 kv[slot(i)] = toks[sid][i]
+            if rng.random() < 0.3:   # offer the pages filled so far
+                p.cache_prefix(sid, toks[sid], start + n)
             if start + n == len(toks[sid]):    # decoded: one new token
                 toks[sid].append(rng.randrange(50))
                 p.append_tokens(sid, 1)

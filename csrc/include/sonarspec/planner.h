@@ -85,6 +85,11 @@ class Planner {
   // Marks the first num_computed tokens' KV as valid (after verifying draft tokens
   // written into lookahead slots). Needs num_computed <= num_tokens and reserved slots.
   void commit(int64_t seq_id, int32_t num_computed);
+  // With prefix caching: caches a running sequence's full pages among the first num_valid
+  // positions of `tokens` (its ids; KV valid there in every model and never written again),
+  // each while the token after it is known, so requests admitted meanwhile find them. Stops
+  // at a page whose tokens another page already holds (it stays the sequence's own).
+  void cache_prefix(int64_t seq_id, const std::vector<int32_t>& tokens, int32_t num_valid);
   // Releases a finished or aborted sequence and all its pages. With prefix caching, its
   // full pages among the first num_valid positions of `tokens` (the sequence's ids; KV valid
   // there in every model) are cached, each while the token after it is known.

@@ -217,6 +217,7 @@ class Engine:
         for sid in preempted:
             if sid in self.seqs:
                 self.seqs[sid].num_preemptions += 1
+                self.seqs[sid].kv_len = self.seqs[sid].cached_len = 0
                 self.proposer.reset(self.seqs[sid])
         for sid, num_tokens in cached:   # admitted with their first tokens' KV from the prefix cache
             if sid in self.seqs and not self.seqs[sid].finished:
@@ -255,9 +256,23 @@ class Engine:
             gained = [seq.num_tokens - n for seq, n in zip(decoding, before)]
             control.record(time.perf_counter() - t0, sum(gained), measured=len(decoding) == len(batch),
                            sequences=len(decoding), accepted=[max(g - 1, 0) for g in gained])
+        if self.config.enable_prefix_caching:
+            self._cache_full_pages(got_tokens)
         if self._plan_ahead_possible():
             self._next_plan = self.planner.schedule_async(self.proposer.lookahead)
         return got_tokens
+
+    def _cache_full_pages(self, seqs: List[Request]) -> None:
+        """Hands the prefix cache the pages of running requests that have filled with KV valid
+        in every model, so that requests admitted meanwhile find them."""
+        page = self.config.page_size
+        for seq in seqs:
+            if seq.finished:
+                continue
+            valid = min(seq.kv_len, self.proposer.kv_valid(seq))
+            if valid // page > seq.cached_len // page:
+                self.planner.cache_prefix(seq.seq_id, seq.all_ids, valid)
+                seq.cached_len = valid
 
     def _plan_ahead_possible(self) -> bool:
         return self.async_planning and self._next_plan is None and self.has_unfinished()

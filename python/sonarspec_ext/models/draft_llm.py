@@ -20,7 +20,8 @@ from safetensors.torch import save_file
 from .config import CheckpointError
 from .gguf import gguf_file
 from .llama import LlamaForCausalLM, is_ascending
-from .loader import SHARED_KEYS, load_config, load_model, load_state, parse_dtype, weight_files
+from .loader import SHARED_KEYS, load_config, load_model, parse_dtype
+from .safetensors_files import load_state, weight_files
 
 DRAFT_VOCAB = "draft_vocab"
 __all__ = ["DRAFT_VOCAB", "load_draft_model", "save_draft_model", "shares_embedding"]

@@ -23,7 +23,8 @@ from safetensors.torch import save_file
 from .config import CheckpointError, ModelConfig
 from ..layers.linear import Linear
 from ..ops.quantized import QuantizedMatrix
-from .loader import load_state, parse_dtype, resolve_quantization, weight_files
+from .loader import parse_dtype, resolve_quantization
+from .safetensors_files import load_state, weight_files
 from .mtp import MAX_LAYERS, MTPHead
 
 ARCHITECTURE = "SonarspecMTPHead"

@@ -8,7 +8,8 @@ from ..assets import DRAFTS, HEADS, installed_head, path as asset_path, resolve
 from ..models.config import ModelConfig
 from ..models.draft_llm import load_draft_model
 from ..models.gguf import gguf_file
-from ..models.loader import checkpoint_fingerprint, load_config, load_tokenizer, quantized_formats, weight_files
+from ..models.loader import checkpoint_fingerprint, load_config, load_tokenizer, quantized_formats
+from ..models.safetensors_files import weight_files
 from ..models.mtp_loader import detect_format, head_config, load_mtp_head
 from ..models.tokenizer import Tokenizer
 from ..params import SpecConfig
