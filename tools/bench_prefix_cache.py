@@ -1,14 +1,18 @@
 #!/usr/bin/env python
-"""Multi-turn chat with and without the prefix cache. Each turn's prompt is the whole
-conversation so far (the chat template over the system prompt and every earlier message),
-so without the cache every turn prefills all of it again. Two engines on the same model -
-prefix caching on and off - answer the same conversations turn by turn, alternating which
-goes first; their replies are asserted equal (greedy). Per turn: prompt tokens, tokens found
-in the cache, time to first token and the turn's wall time on each; medians over the
-conversations per turn index, and the ratios.
+"""Prefix caching on and off, two engines on the same model, replies asserted equal (greedy):
+
+- multi-turn chat: each turn's prompt is the whole conversation so far (the chat template
+  over the system prompt and every earlier message), so without the cache every turn
+  prefills all of it again. The engines answer the same conversations turn by turn,
+  alternating which goes first. Per turn: prompt tokens, tokens found in the cache, time to
+  first token and the turn's wall time on each; medians over the conversations per turn
+  index, and the ratios.
+- a batch sharing a system prompt (``--batch N``): N chat requests - the held-out questions,
+  cycled, each behind the same long system prompt - queued together on a fresh engine of
+  each kind: wall time, median time to first token, prompt tokens found in the cache.
 
     python tools/bench_prefix_cache.py [--model smollm2] [--turns 4] [--max-tokens 128]
-                                       [--spec none] [--quantization auto] [--json PATH]
+                                       [--batch 16] [--spec none] [--quantization auto] [--json PATH]
 """
 from __future__ import annotations
 
@@ -40,9 +44,37 @@ def turn(llm: LLM, messages, params):
                  "ttft_s": out.stats["ttft_s"], "wall_s": wall, "output_tokens": len(out.token_ids)}
 
 
-def run(args) -> dict:
+def engine_options(args) -> dict:
     spec = None if args.spec == "none" else SpecConfig(method=args.spec, num_draft_tokens=args.k)
-    kw = dict(quantization=args.quantization, **({} if spec is None else {"spec": spec}))
+    return dict(quantization=args.quantization, **({} if spec is None else {"spec": spec}))
+
+
+def shared_system_batch(args) -> dict:
+    """``args.batch`` requests behind one system prompt, queued together, on fresh engines."""
+    system = " ".join([SYSTEM] * 3)
+    convs = [[{"role": "system", "content": system}, {"role": "user", "content": CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)]}]
+             for i in range(args.batch)]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    result, replies = {}, {}
+    for name, caching in (("cached", True), ("uncached", False)):
+        llm = LLM(args.model, enable_prefix_caching=caching, **engine_options(args))
+        llm.generate(["Hello"], SamplingParams(max_tokens=4))   # warm-up, shares nothing with the batch
+        t0 = time.perf_counter()
+        outs = llm.chat(convs, params)
+        wall = time.perf_counter() - t0
+        replies[name] = [o.token_ids for o in outs]
+        result[name] = {"wall_s": wall, "ttft_ms": statistics.median(o.stats["ttft_s"] for o in outs) * 1e3,
+                        "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
+                        "cached_tokens": sum(o.stats["num_cached_tokens"] for o in outs),
+                        "output_tokens": sum(len(o.token_ids) for o in outs)}
+    assert replies["cached"] == replies["uncached"], "replies differ"
+    result["wall_ratio"] = result["uncached"]["wall_s"] / result["cached"]["wall_s"]
+    result["ttft_ratio"] = result["uncached"]["ttft_ms"] / result["cached"]["ttft_ms"]
+    return result
+
+
+def run(args) -> dict:
+    kw = engine_options(args)
     engines = {"cached": LLM(args.model, enable_prefix_caching=True, **kw),
                "uncached": LLM(args.model, enable_prefix_caching=False, **kw)}
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
@@ -72,7 +104,8 @@ def run(args) -> dict:
                         "wall_s": {n: med(n, "wall_s") for n in engines},
                         "ttft_ratio": med("uncached", "ttft_s") / med("cached", "ttft_s"),
                         "wall_ratio": med("uncached", "wall_s") / med("cached", "wall_s")})
-    return {"command": vars(args), "cpu": cpu_info(), "records": records, "per_turn": summary}
+    return {"command": vars(args), "cpu": cpu_info(), "records": records, "per_turn": summary,
+            **({"shared_system_batch": shared_system_batch(args)} if args.batch else {})}
 
 
 def main() -> None:
@@ -80,6 +113,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=0, help="also a batch of this many requests sharing a system prompt")
     ap.add_argument("--spec", default="none", choices=["none", "mtp", "draft_target", "ngram"])
     ap.add_argument("--k", type=int, default=2, help="draft tokens per step (with --spec)")
     ap.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES)
@@ -93,6 +127,12 @@ def main() -> None:
         print(f"{s['turn']:>4}  {s['prompt_tokens']:>6.0f}  {s['cached_tokens']:>6.0f}  "
               f"{s['ttft_ms']['cached']:>9.1f} / {s['ttft_ms']['uncached']:<9.1f}        "
               f"{s['ttft_ratio']:>5.2f}x {s['wall_ratio']:>6.2f}x")
+    b = result.get("shared_system_batch")
+    if b:
+        c, u = b["cached"], b["uncached"]
+        print(f"batch of {args.batch} behind one system prompt: {c['wall_s']:.2f} s vs {u['wall_s']:.2f} s "
+              f"({b['wall_ratio']:.2f}x), median TTFT {c['ttft_ms']:.0f} vs {u['ttft_ms']:.0f} ms; "
+              f"{c['cached_tokens']} of {c['prompt_tokens']} prompt tokens from the cache")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)

@@ -10,86 +10,6 @@ namespace {
 std::string id_str(int64_t id) { return std::to_string(id); }
 }  // namespace
 
-StepPlan PlanHandle::wait() {
-  // Plans are queued in call order: earlier ones the worker has not started run here
-  // first, so the planner sees the same sequence of steps either way.
-  if (owner_) {
-    while (!ready() && owner_->run_next_queued()) {
-    }
-  }
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return done_; });
-  if (error_) std::rethrow_exception(error_);
-  return plan_;
-}
-
-bool PlanHandle::ready() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_;
-}
-
-void PlanHandle::set(StepPlan plan, std::exception_ptr error) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    plan_ = std::move(plan);
-    error_ = error;
-    done_ = true;
-  }
-  cv_.notify_all();
-}
-
-Planner::~Planner() {
-  {
-    std::lock_guard<std::mutex> lock(task_mu_);
-    stopping_ = true;
-  }
-  task_cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
-}
-
-std::shared_ptr<PlanHandle> Planner::schedule_async(int32_t lookahead) {
-  auto handle = std::make_shared<PlanHandle>();
-  handle->owner_ = this;
-  handle->lookahead_ = lookahead;
-  {
-    std::lock_guard<std::mutex> lock(task_mu_);
-    if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
-    tasks_.push_back(handle);
-  }
-  task_cv_.notify_one();
-  return handle;
-}
-
-// Taking a plan off the queue and computing it happen under one lock, so a plan taken
-// later (by the worker or by a waiter) is never computed before an earlier one.
-bool Planner::run_next_queued() {
-  std::lock_guard<std::mutex> exec(exec_mu_);
-  std::shared_ptr<PlanHandle> task;
-  {
-    std::lock_guard<std::mutex> lock(task_mu_);
-    if (tasks_.empty()) return false;
-    task = std::move(tasks_.front());
-    tasks_.pop_front();
-  }
-  try {
-    task->set(schedule(task->lookahead_), nullptr);
-  } catch (...) {
-    task->set(StepPlan{}, std::current_exception());
-  }
-  return true;
-}
-
-void Planner::worker_loop() {
-  while (true) {
-    {
-      std::unique_lock<std::mutex> lock(task_mu_);
-      task_cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;  // stopping, nothing left
-    }
-    run_next_queued();
-  }
-}
-
 Planner::Planner(const PlannerConfig& config) : config_(config) {
   if (config.num_pages <= 0) throw std::invalid_argument("num_pages must be positive");
   if (config.page_size <= 0) throw std::invalid_argument("page_size must be positive");
@@ -139,7 +59,10 @@ void Planner::add_request(int64_t seq_id, int32_t num_tokens, const std::vector<
                                 std::to_string(tokens.size()) + " token ids were given");
   Seq seq;
   seq.num_tokens = num_tokens;
-  if (cache_) seq.prompt = tokens;
+  if (cache_) {
+    seq.prompt = tokens;
+    seq.page_hashes = cache_->page_hashes(tokens);
+  }
   seqs_.emplace(seq_id, std::move(seq));
   waiting_.push_back(seq_id);
 }
@@ -171,67 +94,6 @@ void Planner::commit(int64_t seq_id, int32_t num_computed) {
   seq.num_computed = num_computed;
 }
 
-// The sequence's own pages are cached while they continue an unbroken run of cached pages
-// from the first one and hold valid KV (page i: positions below num_valid, and the token
-// after it known), else freed. Then every cached page of the sequence loses its reference,
-// the last page first: a prefix's tail is evicted before the pages it continues.
-void Planner::release(Seq& seq, const std::vector<int32_t>& tokens, int32_t num_valid) {
-  std::vector<int32_t> freed, held;
-  uint64_t parent = 0;
-  bool chained = cache_ != nullptr;
-  const size_t ps = static_cast<size_t>(config_.page_size);
-  for (size_t i = 0; i < seq.pages.size(); ++i) {
-    int32_t page = seq.pages[i];
-    if (cache_ && cache_->cached(page)) {
-      parent = cache_->entry_id(page);
-      held.push_back(page);
-      continue;
-    }
-    size_t end = (i + 1) * ps;
-    chained = chained && end <= static_cast<size_t>(std::max(num_valid, 0)) && end < tokens.size();
-    bool duplicate = false;
-    if (chained) parent = cache_->insert(page, parent, tokens, i * ps, &duplicate);
-    (!chained || duplicate ? freed : held).push_back(page);
-  }
-  for (auto it = held.rbegin(); it != held.rend(); ++it) cache_->release(*it);
-  free_pages_.insert(free_pages_.end(), freed.rbegin(), freed.rend());
-  seq.pages.clear();
-}
-
-void Planner::cache_prefix(int64_t seq_id, const std::vector<int32_t>& tokens, int32_t num_valid) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Seq& seq = get(seq_id);
-  if (static_cast<int64_t>(tokens.size()) > seq.num_tokens)
-    throw std::invalid_argument("sequence " + id_str(seq_id) + " has " + std::to_string(seq.num_tokens) +
-                                " tokens: cannot cache " + std::to_string(tokens.size()));
-  // never past what the planner has computed (a sequence preempted since its caller's step
-  // has nothing left to cache)
-  num_valid = std::min(num_valid, seq.num_computed);
-  if (!cache_) return;
-  uint64_t parent = 0;
-  const size_t ps = static_cast<size_t>(config_.page_size);
-  for (size_t i = 0; i < seq.pages.size(); ++i) {
-    int32_t page = seq.pages[i];
-    if (cache_->cached(page)) {
-      parent = cache_->entry_id(page);
-      continue;
-    }
-    size_t end = (i + 1) * ps;
-    if (end > static_cast<size_t>(std::max(num_valid, 0)) || end >= tokens.size()) return;
-    bool duplicate = false;
-    parent = cache_->insert(page, parent, tokens, i * ps, &duplicate);
-    if (duplicate) return;
-  }
-}
-
-// Takes the cached pages matching a waiting sequence's prompt; returns the tokens they hold.
-int32_t Planner::match_prefix(Seq& seq) {
-  if (!cache_ || !seq.pages.empty() || seq.num_computed != 0) return 0;
-  seq.pages = cache_->match(seq.prompt);
-  seq.num_computed = static_cast<int32_t>(seq.pages.size()) * config_.page_size;
-  return seq.num_computed;
-}
-
 void Planner::remove_from_queues(int64_t seq_id) {
   running_.erase(std::remove(running_.begin(), running_.end(), seq_id), running_.end());
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), seq_id), waiting_.end());
@@ -245,6 +107,7 @@ void Planner::finish(int64_t seq_id, const std::vector<int32_t>& tokens, int32_t
                                 " tokens: cannot cache " + std::to_string(tokens.size()) + " tokens with " +
                                 std::to_string(num_valid) + " valid");
   release(seq, tokens, num_valid);
+  set_running(seq, false);
   remove_from_queues(seq_id);
   seqs_.erase(seq_id);
 }
@@ -253,7 +116,8 @@ void Planner::preempt(int64_t seq_id) {
   Seq& seq = get(seq_id);
   release(seq);
   seq.num_computed = 0;
-  seq.running = false;
+  seq.deferrals = 0;
+  set_running(seq, false);
   remove_from_queues(seq_id);
   waiting_.push_front(seq_id);
 }
@@ -311,11 +175,20 @@ StepPlan Planner::schedule_locked(int32_t lookahead) {
   // Then admit waiting sequences in arrival order while pages and budget last; none
   // after a preemption, so a sequence that just lost its pages is not re-admitted at once.
   if (!plan.preempted.empty()) return plan;
-  while (!waiting_.empty() && budget > 0 &&
-         static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
-    int64_t id = waiting_.front();
+  for (auto it = waiting_.begin();
+       it != waiting_.end() && budget > 0 && static_cast<int32_t>(running_.size()) < config_.max_num_seqs;) {
+    int64_t id = *it;
     Seq& seq = seqs_.at(id);
     int32_t num_cached = match_prefix(seq);
+    if (worth_waiting(seq)) {  // a running sequence computes its next page: take it from the cache later
+      if (num_cached) {
+        release(seq);
+        seq.num_computed = 0;
+      }
+      ++seq.deferrals;
+      ++it;
+      continue;
+    }
     int32_t num_new = std::min(seq.num_tokens - seq.num_computed, budget);
     bool complete = seq.num_computed + num_new == seq.num_tokens;
     int32_t slots = seq.num_computed + num_new + (complete ? lookahead_room(seq.num_computed + num_new, lookahead) : 0);
@@ -327,9 +200,9 @@ StepPlan Planner::schedule_locked(int32_t lookahead) {
       break;
     }
     if (num_cached) plan.cached.emplace_back(id, num_cached);
-    waiting_.pop_front();
+    it = waiting_.erase(it);
     running_.push_back(id);
-    seq.running = true;
+    set_running(seq, true);
     plan.seqs.push_back({id, seq.num_computed, num_new});
     seq.num_computed += num_new;
     budget -= num_new;

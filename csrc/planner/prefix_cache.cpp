@@ -25,6 +25,16 @@ uint64_t PrefixCache::key_hash(uint64_t parent, const int32_t* tokens) const {
   return h;
 }
 
+std::vector<uint64_t> PrefixCache::page_hashes(const std::vector<int32_t>& tokens) const {
+  std::vector<uint64_t> hashes;
+  uint64_t h = 0;
+  for (size_t begin = 0; begin + page_size_ < tokens.size(); begin += page_size_) {
+    h = key_hash(h, tokens.data() + begin);
+    hashes.push_back(h);
+  }
+  return hashes;
+}
+
 int32_t PrefixCache::find(uint64_t parent, const int32_t* tokens) const {
   auto range = index_.equal_range(key_hash(parent, tokens));
   for (auto it = range.first; it != range.second; ++it) {

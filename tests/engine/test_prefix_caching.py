@@ -150,3 +150,20 @@ def test_a_request_admitted_while_another_runs_finds_its_filled_pages(llama_dir,
         assert e.planner.num_free_pages == e.kv_cache.num_pages
     assert outs[True] == outs[False]
     assert hits[False] == 0 and hits[True] >= len(prompt) // PS * PS
+
+
+@pytest.mark.parametrize("scheme", ["plain", "mtp_chain", "draft_target"])
+def test_a_batch_sharing_a_system_prompt_computes_it_once(llama_dir, draft_dir, heads, scheme):
+    """Requests queued together behind a shared prefix: the first computes it, the others
+    wait for its pages instead of computing them again - same tokens as without the cache."""
+    spec = SPECS[scheme](heads, draft_dir)
+    system = _turns(11, n=1)[0] * 2                       # 40-90 shared tokens
+    prompts = [system + t for t in _turns(12, n=6)]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    kw = dict(page_size=PS, **({} if spec is None else {"spec": spec}))
+    got = LLM(llama_dir, **kw).generate(prompts, params)
+    want = LLM(llama_dir, enable_prefix_caching=False, **kw).generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    hits = [o.stats["num_cached_tokens"] for o in got]
+    # every later request finds the shared pages (a page needs the token after it to match too)
+    assert hits[0] == 0 and all(h >= (len(system) - 1) // PS * PS for h in hits[1:])

@@ -88,11 +88,34 @@ def test_shared_pages_are_held_by_every_sequence_and_freed_after_the_last():
     assert p.num_free_pages == 8 and p.num_cached_pages == 3
 
 
+def admit_past_deferrals(p, sid, tokens):
+    """Queues ``sid`` and plans until it is admitted (a running sequence computing the same
+    pages defers it at most 4 plans); returns (its plan entry, plans it waited)."""
+    p.add_request(sid, len(tokens), tokens)
+    for waited in range(10):
+        seqs = [s for s in p.schedule(0)[0] if s[0] == sid]
+        if seqs:
+            return seqs[0], waited
+    raise AssertionError(f"sequence {sid} was never admitted")
+
+
+def test_a_request_waits_for_the_pages_a_running_one_computes():
+    p = planner()
+    a = list(range(100, 113))
+    run_to_end(p, 0, a)
+    p.add_request(1, 15, a + [1, 2])
+    p.add_request(2, 5, list(range(300, 305)))   # shares nothing: admitted past the waiting one
+    assert p.schedule(0) == ([(2, 0, 5)], [], []) and p.num_waiting == 1
+    p.cache_prefix(0, a, 12)               # 0's pages filled
+    assert p.schedule(0) == ([(1, 12, 3)], [], [(1, 12)])
+
+
 def test_a_prefix_computed_twice_is_cached_once():
     p = planner()
     a = list(range(100, 109))
     run_to_end(p, 0, a)
-    run_to_end(p, 1, a)                    # admitted before 0 finished: computed again
+    entry, waited = admit_past_deferrals(p, 1, a)   # 0 never offers its pages: computed again
+    assert entry == (1, 0, 9) and waited == 4
     p.finish(0, a, len(a))
     p.finish(1, a, len(a))
     assert p.num_cached_pages == 2 and p.num_free_pages == 32
@@ -145,7 +168,7 @@ def test_offering_stops_at_a_page_another_holds_and_never_passes_the_computed_to
     p = planner()
     a = list(range(100, 113))
     run_to_end(p, 0, a)
-    run_to_end(p, 1, a)                    # the same prompt, admitted in the same step
+    admit_past_deferrals(p, 1, a)          # the same prompt, computed again
     p.cache_prefix(0, a, 12)
     p.cache_prefix(1, a, 12)               # its pages duplicate 0's: they stay its own
     assert p.num_cached_pages == 3 and p.num_free_pages == 32 - 8

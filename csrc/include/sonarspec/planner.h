@@ -15,6 +15,7 @@
 #include <utility>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "sonarspec/prefix_cache.h"
@@ -96,7 +97,9 @@ class Planner {
   void finish(int64_t seq_id, const std::vector<int32_t>& tokens = {}, int32_t num_valid = 0);
 
   // Decides the next step. Sequences that will be fully computed after the step get
-  // `lookahead` extra reserved slots (draft tokens). Advances num_computed.
+  // `lookahead` extra reserved slots (draft tokens). Advances num_computed. With prefix
+  // caching, a waiting sequence whose next prompt page a running sequence is computing is
+  // passed over (at most kMaxDeferrals times) until that page is cached.
   StepPlan schedule(int32_t lookahead);
   // The same on the planner's worker thread; steps planned this way run in call order.
   std::shared_ptr<PlanHandle> schedule_async(int32_t lookahead);
@@ -121,7 +124,12 @@ class Planner {
     bool running = false;
     std::vector<int32_t> pages;
     std::vector<int32_t> prompt;  // matched against the prefix cache at admission
+    // a hash per cacheable page of the prompt, chained over the pages before it: where a
+    // running sequence has the same one, waiting for its pages beats computing them again
+    std::vector<uint64_t> page_hashes;
+    int32_t deferrals = 0;  // admissions put off so (at most kMaxDeferrals)
   };
+  static constexpr int32_t kMaxDeferrals = 4;
   Seq& get(int64_t seq_id);
   const Seq& get(int64_t seq_id) const;
   int32_t pages_for(int32_t num_slots) const;
@@ -129,6 +137,8 @@ class Planner {
   bool grow(Seq& seq, int32_t num_slots);
   void release(Seq& seq, const std::vector<int32_t>& tokens = {}, int32_t num_valid = 0);
   int32_t match_prefix(Seq& seq);
+  bool worth_waiting(const Seq& seq) const;
+  void set_running(Seq& seq, bool running);
   void preempt(int64_t seq_id);
   void remove_from_queues(int64_t seq_id);
   StepPlan schedule_locked(int32_t lookahead);
@@ -150,6 +160,7 @@ class Planner {
   std::vector<int64_t> running_;  // admission order: the last one is preempted first
   std::vector<int32_t> free_pages_;
   std::unique_ptr<PrefixCache> cache_;  // null without prefix caching
+  std::unordered_multiset<uint64_t> running_hashes_;  // page_hashes of the running sequences
 };
 
 }  // namespace sonarspec

@@ -39,6 +39,10 @@ class PrefixCache {
   // Uncaches the least recently released evictable page and returns it; -1 when none.
   int32_t evict();
 
+  // Hashes of tokens' cacheable pages, each chained over the ones before it (a page needs
+  // the token after it): equal hashes mean, almost surely, equal keys.
+  std::vector<uint64_t> page_hashes(const std::vector<int32_t>& tokens) const;
+
   int32_t num_evictable() const { return static_cast<int32_t>(lru_.size()); }
   int32_t num_cached() const { return num_cached_; }
 

@@ -1,0 +1,92 @@
+// The planner's side of prefix caching (prefix_cache.h holds the cache itself): pages
+// released into the cache or freed, running sequences' full pages offered to it, waiting
+// sequences matched against it - or passed over while a running sequence computes the
+// page they would find there.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "sonarspec/planner.h"
+
+namespace sonarspec {
+
+// The sequence's own pages are cached while they continue an unbroken run of cached pages
+// from the first one and hold valid KV (page i: positions below num_valid, and the token
+// after it known), else freed. Then every cached page of the sequence loses its reference,
+// the last page first: a prefix's tail is evicted before the pages it continues.
+void Planner::release(Seq& seq, const std::vector<int32_t>& tokens, int32_t num_valid) {
+  std::vector<int32_t> freed, held;
+  uint64_t parent = 0;
+  bool chained = cache_ != nullptr;
+  const size_t ps = static_cast<size_t>(config_.page_size);
+  for (size_t i = 0; i < seq.pages.size(); ++i) {
+    int32_t page = seq.pages[i];
+    if (cache_ && cache_->cached(page)) {
+      parent = cache_->entry_id(page);
+      held.push_back(page);
+      continue;
+    }
+    size_t end = (i + 1) * ps;
+    chained = chained && end <= static_cast<size_t>(std::max(num_valid, 0)) && end < tokens.size();
+    bool duplicate = false;
+    if (chained) parent = cache_->insert(page, parent, tokens, i * ps, &duplicate);
+    (!chained || duplicate ? freed : held).push_back(page);
+  }
+  for (auto it = held.rbegin(); it != held.rend(); ++it) cache_->release(*it);
+  free_pages_.insert(free_pages_.end(), freed.rbegin(), freed.rend());
+  seq.pages.clear();
+}
+
+void Planner::cache_prefix(int64_t seq_id, const std::vector<int32_t>& tokens, int32_t num_valid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Seq& seq = get(seq_id);
+  if (static_cast<int64_t>(tokens.size()) > seq.num_tokens)
+    throw std::invalid_argument("sequence " + std::to_string(seq_id) + " has " + std::to_string(seq.num_tokens) +
+                                " tokens: cannot cache " + std::to_string(tokens.size()));
+  // never past what the planner has computed (a sequence preempted since its caller's step
+  // has nothing left to cache)
+  num_valid = std::min(num_valid, seq.num_computed);
+  if (!cache_) return;
+  uint64_t parent = 0;
+  const size_t ps = static_cast<size_t>(config_.page_size);
+  for (size_t i = 0; i < seq.pages.size(); ++i) {
+    int32_t page = seq.pages[i];
+    if (cache_->cached(page)) {
+      parent = cache_->entry_id(page);
+      continue;
+    }
+    size_t end = (i + 1) * ps;
+    if (end > static_cast<size_t>(std::max(num_valid, 0)) || end >= tokens.size()) return;
+    bool duplicate = false;
+    parent = cache_->insert(page, parent, tokens, i * ps, &duplicate);
+    if (duplicate) return;
+  }
+}
+
+// Takes the cached pages matching a waiting sequence's prompt; returns the tokens they hold.
+int32_t Planner::match_prefix(Seq& seq) {
+  if (!cache_ || !seq.pages.empty() || seq.num_computed != 0) return 0;
+  seq.pages = cache_->match(seq.prompt);
+  seq.num_computed = static_cast<int32_t>(seq.pages.size()) * config_.page_size;
+  return seq.num_computed;
+}
+
+bool Planner::worth_waiting(const Seq& seq) const {
+  if (!cache_ || seq.deferrals >= kMaxDeferrals) return false;
+  size_t next = static_cast<size_t>(seq.num_computed / config_.page_size);  // its first page not found
+  return next < seq.page_hashes.size() && running_hashes_.count(seq.page_hashes[next]) != 0;
+}
+
+void Planner::set_running(Seq& seq, bool running) {
+  if (seq.running == running) return;
+  seq.running = running;
+  for (uint64_t h : seq.page_hashes) {
+    if (running) {
+      running_hashes_.insert(h);
+    } else {
+      running_hashes_.erase(running_hashes_.find(h));
+    }
+  }
+}
+
+}  // namespace sonarspec
