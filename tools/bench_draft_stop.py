@@ -82,7 +82,8 @@ def main() -> None:
     llms = {name: LLM(args.model, spec=None if c is None else SpecConfig(method="mtp", draft=c[0],
                                                                           num_draft_tokens=c[1], draft_stop_prob=c[2],
                                                                           lookup_draft_tokens=c[3]),
-                      adaptive_speculation=args.adaptive and c is not None, draft_sampling=args.draft_sampling)
+                      adaptive_speculation=args.adaptive and c is not None, draft_sampling=args.draft_sampling,
+                      enable_prefix_caching=False)
             for name, c in configs.items()}
     total = dict.fromkeys(configs, 0.0)
     ratios = {name: [] for name in configs}

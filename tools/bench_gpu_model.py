@@ -216,7 +216,7 @@ def main() -> None:
     t0 = time.perf_counter()
     llm = LLM(path, device=args.device, dtype=args.dtype, load_format="dummy", cuda_graphs=cuda,
               spec=SpecConfig(method="ngram", num_draft_tokens=8), kv_cache_memory=(6 << 30) if cuda else (256 << 20),
-              max_num_seqs=64,
+              max_num_seqs=64, enable_prefix_caching=False,
               **({} if args.graph_max_tokens is None else {"cuda_graph_max_tokens": args.graph_max_tokens}))
     llm.engine.proposer = NoProposer()
     vocab, runner = llm.engine.model_config.vocab_size, llm.engine.runner

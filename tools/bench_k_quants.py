@@ -79,7 +79,7 @@ def write_random_f16(path: str, tokenizer_gguf: str, seed: int = 0) -> str:
 
 
 def sonarspec_tok_s(path: str, quantization: str, prompts, max_tokens: int, repeats: int):
-    llm = LLM(path, quantization=quantization)
+    llm = LLM(path, quantization=quantization, enable_prefix_caching=False)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     outs = [o.token_ids for o in llm.generate(prompts, params)]   # warm-up
     times = []

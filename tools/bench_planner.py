@@ -81,7 +81,7 @@ def bench_engine(rounds: int) -> list:
     rows = []
     for name, spec, batch in (("plain", SpecConfig(), 8), ("draft_target K=4", SpecConfig(
             method="draft_target", num_draft_tokens=4), 8), ("mtp K=3", SpecConfig(method="mtp", num_draft_tokens=3), 1)):
-        llms = {flag: LLM("default", spec=spec, async_planning=flag) for flag in (False, True)}
+        llms = {flag: LLM("default", spec=spec, async_planning=flag, enable_prefix_caching=False) for flag in (False, True)}
         per_step = {flag: [] for flag in llms}
         for _ in range(rounds):
             for flag, llm in llms.items():

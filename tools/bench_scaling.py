@@ -78,7 +78,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.context_rounds < 1:
         ap.error(f"--context-rounds must be at least 1, got {args.context_rounds}")
-    llm = LLM(args.model, kv_cache_memory=1 << 30, max_num_seqs=max(args.batch_sizes), quantization=args.quantization)
+    llm = LLM(args.model, kv_cache_memory=1 << 30, max_num_seqs=max(args.batch_sizes), quantization=args.quantization,
+              enable_prefix_caching=False)
     batch = [{"batch_size": b, "tok_s": round(throughput(llm, b, args.max_tokens, args.repeats), 1)}
              for b in args.batch_sizes]
     for r in batch:

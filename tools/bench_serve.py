@@ -162,7 +162,7 @@ def main() -> None:
         control["adaptive_speculation"] = args.spec_control == "adaptive"
         lookup = args.lookup_draft_tokens if spec in ("mtp", "draft_target") else 0
         llm = LLM(args.model, spec=SpecConfig(method=spec, lookup_draft_tokens=lookup), quantization=args.quantization,
-                  **control)
+                  enable_prefix_caching=False, **control)
         srv, url = start_server(llm, args.model)
         startup = time.perf_counter() - t0
         steps = StepTimes(llm.engine)

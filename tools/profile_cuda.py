@@ -28,7 +28,8 @@ def _sync(device: str) -> None:
 
 def profile_scheme(name: str, device: str, dtype: str, max_tokens: int, top: int, num_prompts: int,
                    cuda_graphs: bool = False) -> dict:
-    llm = LLM("default", spec=scheme_config(name), device=device, dtype=dtype, cuda_graphs=cuda_graphs)
+    llm = LLM("default", spec=scheme_config(name), device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+              enable_prefix_caching=False)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for p in PROMPTS[:2]:
         llm.generate([p], params)                       # warm-up: allocator, kernels, planner thread

@@ -70,7 +70,7 @@ def main() -> None:
               for _ in range(len(PROMPTS))]
     llms = {}
     for scheme in args.schemes:
-        llms[scheme] = LLM(args.model, spec=scheme_config(scheme))
+        llms[scheme] = LLM(args.model, spec=scheme_config(scheme), enable_prefix_caching=False)
         llms[scheme].generate(PROMPTS[:2], params[:2])   # warm-up
     rows = collections.defaultdict(list)
     for r in range(args.rounds):

@@ -74,7 +74,7 @@ def bench_quantized(model: str = "smollm2", mtp: Optional[str] = None, max_token
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     rows = []
     for name, path in files.items():
-        llm = LLM(path, quantization="auto")
+        llm = LLM(path, quantization="auto", enable_prefix_caching=False)
         prompts = bench_prompts(llm)
         wbytes = weight_bytes(llm.engine.model)
         ref = [o.token_ids for o in llm.generate(prompts, params)]

@@ -142,7 +142,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
     schemes = _schemes(draft_dir, mtp_dir, ks, mtp_ks, with_ngram, trees, draft_quantization, lookup_tokens)
     llms = {name: LLM(target_dir, spec=spec, spec_max_batch=spec_max_batch, device=device, dtype=dtype,
                       draft_sampling=draft_sampling, cuda_graphs=cuda_graphs, quantization=quantization,
-                      adaptive_speculation=adaptive and name != "plain")
+                      adaptive_speculation=adaptive and name != "plain", enable_prefix_caching=False)
             for name, spec in schemes}
     prompts = bench_prompts(llms["plain"])
     params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
