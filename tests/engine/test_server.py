@@ -269,3 +269,6 @@ def test_a_chat_turn_reuses_the_earlier_turns_kv(server):
     assert second.usage.prompt_tokens == len(want.prompt_token_ids)
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= 32 and cached % 16 == 0 and cached < second.usage.prompt_tokens
+    metrics = {line.split(" ")[0]: float(line.split(" ")[1]) for line in httpx.get(url + "/metrics").text.splitlines()
+               if line.startswith(("sonarspec_prefix_cache_hit_tokens_total", "sonarspec_kv_pages_cached"))}
+    assert metrics["sonarspec_prefix_cache_hit_tokens_total"] >= cached and metrics["sonarspec_kv_pages_cached"] >= 2
