@@ -116,7 +116,7 @@ void Planner::preempt(int64_t seq_id) {
   Seq& seq = get(seq_id);
   release(seq);
   seq.num_computed = 0;
-  seq.deferrals = 0;
+  seq.deferrals = seq.deferred_with = 0;
   set_running(seq, false);
   remove_from_queues(seq_id);
   waiting_.push_front(seq_id);
@@ -180,12 +180,14 @@ StepPlan Planner::schedule_locked(int32_t lookahead) {
     int64_t id = *it;
     Seq& seq = seqs_.at(id);
     int32_t num_cached = match_prefix(seq);
+    if (num_cached > seq.deferred_with) seq.deferrals = 0;  // the pages it waits for are coming
     if (worth_waiting(seq)) {  // a running sequence computes its next page: take it from the cache later
       if (num_cached) {
         release(seq);
         seq.num_computed = 0;
       }
       ++seq.deferrals;
+      seq.deferred_with = num_cached;
       ++it;
       continue;
     }

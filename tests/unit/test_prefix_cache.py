@@ -110,6 +110,18 @@ def test_a_request_waits_for_the_pages_a_running_one_computes():
     assert p.schedule(0) == ([(1, 12, 3)], [], [(1, 12)])
 
 
+def test_a_request_waits_as_long_as_a_chunked_prefill_fills_pages_for_it():
+    p = planner(budget=8)                  # 8 tokens a step: a 40-token prompt takes 5 steps
+    a = list(range(100, 140))
+    p.add_request(0, 40, a)
+    p.add_request(1, 41, a + [1])
+    for step in range(5):
+        seqs, _, cached = p.schedule(0)
+        assert seqs == [(0, 8 * step, 8)] and cached == []   # 1 waits while 0's pages fill
+        p.cache_prefix(0, a, 8 * step + 8)
+    assert p.schedule(0) == ([(1, 36, 5)], [], [(1, 36)])   # 36: page 9 needs token 40 to match
+
+
 def test_a_prefix_computed_twice_is_cached_once():
     p = planner()
     a = list(range(100, 109))

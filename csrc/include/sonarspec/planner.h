@@ -99,7 +99,8 @@ class Planner {
   // Decides the next step. Sequences that will be fully computed after the step get
   // `lookahead` extra reserved slots (draft tokens). Advances num_computed. With prefix
   // caching, a waiting sequence whose next prompt page a running sequence is computing is
-  // passed over (at most kMaxDeferrals times) until that page is cached.
+  // passed over until that page is cached (at most kMaxDeferrals plans in a row in which
+  // the cache gave it nothing more).
   StepPlan schedule(int32_t lookahead);
   // The same on the planner's worker thread; steps planned this way run in call order.
   std::shared_ptr<PlanHandle> schedule_async(int32_t lookahead);
@@ -127,7 +128,8 @@ class Planner {
     // a hash per cacheable page of the prompt, chained over the pages before it: where a
     // running sequence has the same one, waiting for its pages beats computing them again
     std::vector<uint64_t> page_hashes;
-    int32_t deferrals = 0;  // admissions put off so (at most kMaxDeferrals)
+    int32_t deferrals = 0;  // admissions put off so since the cache last gave it more (at most kMaxDeferrals)
+    int32_t deferred_with = 0;  // tokens it found in the cache when last put off
   };
   static constexpr int32_t kMaxDeferrals = 4;
   Seq& get(int64_t seq_id);

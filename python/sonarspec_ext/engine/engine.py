@@ -257,18 +257,20 @@ class Engine:
             control.record(time.perf_counter() - t0, sum(gained), measured=len(decoding) == len(batch),
                            sequences=len(decoding), accepted=[max(g - 1, 0) for g in gained])
         if self.config.enable_prefix_caching:
-            self._cache_full_pages(got_tokens)
+            self._cache_full_pages(batch)
         if self._plan_ahead_possible():
             self._next_plan = self.planner.schedule_async(self.proposer.lookahead)
         return got_tokens
 
-    def _cache_full_pages(self, seqs: List[Request]) -> None:
-        """Hands the prefix cache the pages of running requests that have filled with KV valid
-        in every model, so that requests admitted meanwhile find them."""
+    def _cache_full_pages(self, batch) -> None:
+        """Hands the prefix cache the pages of the step's running requests (prefill chunks
+        included) that have filled with KV valid in every model, so that requests admitted
+        meanwhile find them."""
         page = self.config.page_size
-        for seq in seqs:
+        for seq, start, n in batch:
             if seq.finished:
                 continue
+            seq.kv_len = max(seq.kv_len, start + n)   # the target ran the step's tokens of the sequence
             valid = min(seq.kv_len, self.proposer.kv_valid(seq))
             if valid // page > seq.cached_len // page:
                 self.planner.cache_prefix(seq.seq_id, seq.all_ids, valid)
