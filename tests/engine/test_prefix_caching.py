@@ -152,17 +152,19 @@ def test_a_request_admitted_while_another_runs_finds_its_filled_pages(llama_dir,
     assert hits[False] == 0 and hits[True] >= len(prompt) // PS * PS
 
 
-@pytest.mark.parametrize("chunk", [None, 37], ids=["whole", "chunked"])
+@pytest.mark.parametrize("chunk, plan_ahead", [(None, False), (37, False), (37, True)],
+                         ids=["whole", "chunked", "chunked-planned-ahead"])
 @pytest.mark.parametrize("scheme", ["plain", "mtp_chain", "draft_target"])
-def test_a_batch_sharing_a_system_prompt_computes_it_once(llama_dir, draft_dir, heads, scheme, chunk):
+def test_a_batch_sharing_a_system_prompt_computes_it_once(llama_dir, draft_dir, heads, scheme, chunk, plan_ahead):
     """Requests queued together behind a shared prefix: the first computes it, the others
-    wait for its pages instead of computing them again (its prefill chunk by chunk too) -
-    same tokens as without the cache."""
+    wait for its pages instead of computing them again (its prefill chunk by chunk too; with
+    each step planned on the planner's thread while the one before finishes) - same tokens
+    as without the cache."""
     spec = SPECS[scheme](heads, draft_dir)
     system = _turns(11, n=1)[0] * 2                       # 40-90 shared tokens
     prompts = [system + t for t in _turns(12, n=6)]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    kw = dict(page_size=PS, **({} if spec is None else {"spec": spec}),
+    kw = dict(page_size=PS, async_planning=plan_ahead, **({} if spec is None else {"spec": spec}),
               **({} if chunk is None else {"max_num_batched_tokens": chunk}))
     got = LLM(llama_dir, **kw).generate(prompts, params)
     want = LLM(llama_dir, enable_prefix_caching=False, **kw).generate(prompts, params)
