@@ -98,6 +98,8 @@ def test_invalid_spec_and_engine_config(llama_dir):
         LLM(llama_dir, page_size=0)
     with pytest.raises(ValueError, match="dtype"):
         LLM(llama_dir, dtype="int8")
+    with pytest.raises(ValueError, match="enable_prefix_caching must be True or False, got 'no'"):
+        LLM(llama_dir, enable_prefix_caching="no")
     with pytest.raises(ValueError, match="model must be a model name, a directory or a GGUF file path, got NoneType"):
         LLM(None)
 

@@ -70,6 +70,10 @@ class EngineConfig:
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("draft_sampling", "enable_prefix_caching", "adaptive_speculation", "freeze_gc", "compact_weights",
+                     "check_host_syncs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.quantization not in QUANTIZATION_CHOICES:
