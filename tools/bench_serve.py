@@ -9,7 +9,13 @@ server's own efficiency.
 
     python tools/bench_serve.py [--model smollm2] [--specs none mtp] [--concurrency 1 4 16]
                                 [--requests 16] [--max-tokens 96] [--spec-max-batch N]
-                                [--lookup-draft-tokens 8] [--json PATH]
+                                [--lookup-draft-tokens 8] [--system TEXT] [--prefix-caching]
+                                [--json PATH]
+
+The engine's prefix cache is off unless ``--prefix-caching``: the questions cycle, and the
+cache would answer repeated prompts from memory. ``--system TEXT`` puts the same system
+message before every question and makes each question unique (its request's number after
+it), so that what the cache can find is the shared system prompt.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import socket
 import statistics
 import threading
 import time
+from typing import Optional
 
 import httpx
 
@@ -61,8 +68,8 @@ class StepTimes:
         engine.step = timed
 
 
-async def one_request(http, url, question, max_tokens):
-    body = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0,
+async def one_request(http, url, messages, max_tokens):
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     t0 = time.perf_counter()
     stamps, tokens = [], 0
@@ -83,12 +90,21 @@ async def one_request(http, url, question, max_tokens):
     return ttft, itl, tokens, end - t0
 
 
-async def load(url, concurrency, requests, max_tokens):
+def messages(i: int, system: Optional[str]) -> list:
+    """Request ``i``'s chat: a held-out question (cycled); with ``system``, that system
+    message first and the request's number after the question."""
+    question = CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)]
+    if system is None:
+        return [{"role": "user", "content": question}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": f"{question} (request {i})"}]
+
+
+async def load(url, concurrency, requests, max_tokens, system=None):
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=600) as http:
         async def run(i):
             async with sem:
-                return await one_request(http, url, CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)], max_tokens)
+                return await one_request(http, url, messages(i, system), max_tokens)
         t0 = time.perf_counter()
         results = await asyncio.gather(*(run(i) for i in range(requests)))
         wall = time.perf_counter() - t0
@@ -102,9 +118,9 @@ async def load(url, concurrency, requests, max_tokens):
             "itl_p50_s": pct(itl, 0.5), "itl_p99_s": pct(itl, 0.99)}
 
 
-def run_load(url, concurrency, requests, max_tokens) -> dict:
+def run_load(url, concurrency, requests, max_tokens, system=None) -> dict:
     """``load`` to completion (a client process's entry point)."""
-    return asyncio.run(load(url, concurrency, requests, max_tokens))
+    return asyncio.run(load(url, concurrency, requests, max_tokens, system))
 
 
 def plot(rows, path: str) -> bool:
@@ -145,6 +161,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--spec-max-batch", type=int, default=None, help="the server's load control (serve's flag)")
+    ap.add_argument("--system", default=None, help="a system message before every (then unique) question")
+    ap.add_argument("--prefix-caching", action="store_true", help="the engine's prefix cache on")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="PNG of throughput and ITL vs concurrency (needs matplotlib)")
     ap.add_argument("--client-process", action=argparse.BooleanOptionalAction, default=True,
@@ -162,14 +180,14 @@ def main() -> None:
         control["adaptive_speculation"] = args.spec_control == "adaptive"
         lookup = args.lookup_draft_tokens if spec in ("mtp", "draft_target") else 0
         llm = LLM(args.model, spec=SpecConfig(method=spec, lookup_draft_tokens=lookup), quantization=args.quantization,
-                  enable_prefix_caching=False, **control)
+                  enable_prefix_caching=args.prefix_caching, **control)
         srv, url = start_server(llm, args.model)
         startup = time.perf_counter() - t0
         steps = StepTimes(llm.engine)
         measure(url, 1, 2, 8)   # warm-up
         for c in args.concurrency:
             busy0, steps0 = sum(llm.engine.timing.values()), len(steps.times)
-            measured = measure(url, c, max(args.requests, c), args.max_tokens)
+            measured = measure(url, c, max(args.requests, c), args.max_tokens, args.system)
             # the engine's share of the wall time: at concurrency 1 the rest is the server's
             # overhead (HTTP, SSE, the hand-off between threads; the clients' too without
             # --client-process)
@@ -177,6 +195,7 @@ def main() -> None:
             busy = (sum(llm.engine.timing.values()) - busy0) / wall
             step = statistics.median(steps.times[steps0:])
             row = {"spec": spec, "lookup_draft_tokens": lookup, "spec_max_batch": args.spec_max_batch,
+                   "prefix_caching": args.prefix_caching, "system": args.system,
                    "spec_control": args.spec_control,
                    "quantization": args.quantization, "startup_s": startup, "engine_busy_fraction": busy,
                    "engine_step_p50_s": step, "itl_over_step": measured["itl_p50_s"] / step - 1,
