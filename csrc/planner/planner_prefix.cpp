@@ -83,8 +83,8 @@ void Planner::set_running(Seq& seq, bool running) {
   for (uint64_t h : seq.page_hashes) {
     if (running) {
       running_hashes_.insert(h);
-    } else {
-      running_hashes_.erase(running_hashes_.find(h));
+    } else if (auto it = running_hashes_.find(h); it != running_hashes_.end()) {
+      running_hashes_.erase(it);
     }
   }
 }

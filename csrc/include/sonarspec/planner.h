@@ -1,9 +1,10 @@
 // Batch planner: request queues, admission, one page table shared by every model of the
-// engine (target and draft index the same page ids), page allocation and release, and
-// preemption by recompute, and optionally a prefix cache (prefix_cache.h) that keeps
-// finished sequences' pages for later requests with the same first tokens. Every public method is thread safe (one lock); schedule_async
-// plans on the planner's own worker thread, so a caller can overlap planning with other
-// work and wait for the plan only when it needs it. Plain C++, no bindings.
+// engine (target and draft index the same page ids), page allocation and release,
+// preemption by recompute, and optionally a prefix cache (prefix_cache.h; the planner's
+// side in planner_prefix.cpp) that keeps sequences' full pages for later requests with the
+// same first tokens. Every public method is thread safe (one lock); schedule_async plans on
+// the planner's own worker thread (planner_async.cpp), so a caller can overlap planning
+// with other work and wait for the plan only when it needs it. Plain C++, no bindings.
 #pragma once
 
 #include <condition_variable>
@@ -12,10 +13,10 @@
 #include <exception>
 #include <memory>
 #include <mutex>
-#include <utility>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "sonarspec/prefix_cache.h"

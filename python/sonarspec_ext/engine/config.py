@@ -26,9 +26,9 @@ class EngineConfig:
     # top-token drafts ran 0.86-0.92x plain decoding and drawn ones 1.11-1.19x (docs/benchmarks.md)
     draft_sampling: bool = True
     spec_max_batch: Optional[int] = None  # speculate only while at most this many sequences decode
-    # finished requests' KV pages stay cached and a request that begins with the same tokens (a
-    # chat's earlier turns, a shared system prompt) reuses them instead of recomputing them;
-    # cached pages no request holds are handed out again, least recently used first
+    # requests' full KV pages stay cached and a request that begins with the same tokens (a chat's
+    # earlier turns, a shared system prompt) reuses them instead of recomputing them; cached pages
+    # no request holds are handed out again, least recently used first (docs/serving.md)
     enable_prefix_caching: bool = True
     # speculate only while it measures faster than plain decoding (engine/spec_control.py)
     adaptive_speculation: bool = False
