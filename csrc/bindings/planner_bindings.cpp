@@ -167,6 +167,8 @@ void bind_planner(py::module_& m) {
       .def("cache_prefix", &Planner::cache_prefix, py::arg("seq_id"), py::arg("tokens"), py::arg("num_valid"),
            "With prefix caching: caches a running sequence's full pages among the first num_valid "
            "positions of tokens (KV valid there in every model).")
+      .def("reset_prefix_cache", &Planner::reset_prefix_cache,
+           "Frees the prefix cache's pages no sequence holds; returns how many.")
       .def("finish", &Planner::finish, py::arg("seq_id"), py::arg("tokens") = std::vector<int32_t>(),
            py::arg("num_valid") = 0,
            "Releases a sequence; with prefix caching its full pages among the first num_valid "

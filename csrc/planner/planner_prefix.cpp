@@ -71,6 +71,14 @@ int32_t Planner::match_prefix(Seq& seq) {
   return seq.num_computed;
 }
 
+int32_t Planner::reset_prefix_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!cache_) return 0;
+  std::vector<int32_t> pages = cache_->evict_all();
+  free_pages_.insert(free_pages_.end(), pages.rbegin(), pages.rend());
+  return static_cast<int32_t>(pages.size());
+}
+
 bool Planner::worth_waiting(const Seq& seq) const {
   if (!cache_ || seq.deferrals >= kMaxDeferrals) return false;
   size_t next = static_cast<size_t>(seq.num_computed / config_.page_size);  // its first page not found

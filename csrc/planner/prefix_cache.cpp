@@ -112,4 +112,10 @@ int32_t PrefixCache::evict() {
   return page;
 }
 
+std::vector<int32_t> PrefixCache::evict_all() {
+  std::vector<int32_t> pages;
+  for (int32_t page = evict(); page >= 0; page = evict()) pages.push_back(page);
+  return pages;
+}
+
 }  // namespace sonarspec

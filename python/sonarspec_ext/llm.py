@@ -137,6 +137,12 @@ class LLM:
         stops = list(params.stop_token_ids) + [i for i in tok.end_of_turn_ids() if i not in params.stop_token_ids]
         return tok.encode(self.chat_prompt(messages)), replace(params, stop_token_ids=stops)
 
+    def reset_prefix_cache(self) -> int:
+        """Empties the prefix cache (pages of requests still running stay cached until they
+        finish); returns how many pages it freed."""
+        with self._lock:
+            return self.engine.planner.reset_prefix_cache()
+
     def stats(self) -> dict:
         """Aggregated statistics over finished requests plus the engine's timing split (s)."""
         with self._lock:

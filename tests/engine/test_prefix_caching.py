@@ -172,3 +172,15 @@ def test_a_batch_sharing_a_system_prompt_computes_it_once(llama_dir, draft_dir, 
     hits = [o.stats["num_cached_tokens"] for o in got]
     # every later request finds the shared pages (a page needs the token after it to match too)
     assert hits[0] == 0 and all(h >= (len(system) - 1) // PS * PS for h in hits[1:])
+
+
+def test_reset_prefix_cache_forgets_finished_requests(llama_dir):
+    llm = LLM(llama_dir, page_size=PS)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    prompt = _turns(13, n=1)[0]
+    first = llm.generate([prompt], params)[0]
+    assert llm.generate([prompt], params)[0].stats["num_cached_tokens"] > 0
+    assert llm.reset_prefix_cache() > 0 and llm.engine.planner.num_cached_pages == 0
+    again = llm.generate([prompt], params)[0]
+    assert again.stats["num_cached_tokens"] == 0 and again.token_ids == first.token_ids
+    assert LLM(llama_dir, enable_prefix_caching=False).reset_prefix_cache() == 0

@@ -192,6 +192,21 @@ def test_offering_stops_at_a_page_another_holds_and_never_passes_the_computed_to
     assert p.num_cached_pages == 3 + 2
 
 
+def test_reset_frees_what_no_sequence_holds():
+    p = planner()
+    a, b = list(range(100, 113)), list(range(200, 213))
+    run_to_end(p, 0, a)
+    p.finish(0, a, 12)                     # 3 cached pages, free to evict
+    run_to_end(p, 1, b)
+    p.cache_prefix(1, b, 12)               # 3 cached pages held by running sequence 1
+    assert p.num_cached_pages == 6 and p.reset_prefix_cache() == 3 and p.num_cached_pages == 3
+    assert run_to_end(p, 2, a)[1] == {}    # a's pages are gone
+    p.finish(1, b, 12)
+    p.finish(2)
+    assert p.num_free_pages == 32 and p.reset_prefix_cache() == 3 and p.num_cached_pages == 0
+    assert planner(caching=False).reset_prefix_cache() == 0
+
+
 def test_bad_finish_arguments_are_value_errors():
     p = planner()
     run_to_end(p, 0, [1, 2, 3])

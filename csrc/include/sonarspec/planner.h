@@ -112,6 +112,9 @@ class Planner {
   int32_t num_computed(int64_t seq_id) const;
   int32_t num_tokens(int64_t seq_id) const;
   bool has(int64_t seq_id) const;
+  // Empties the prefix cache of the pages no sequence holds (they become free); pages
+  // running sequences hold stay cached until released. Returns how many were freed.
+  int32_t reset_prefix_cache();
   // Pages a sequence can get: free ones and cached ones no sequence holds.
   int32_t num_free_pages() const;
   int32_t num_cached_pages() const;

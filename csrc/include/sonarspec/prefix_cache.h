@@ -38,6 +38,8 @@ class PrefixCache {
   uint64_t insert(int32_t page, uint64_t parent, const std::vector<int32_t>& tokens, std::size_t begin, bool* duplicate);
   // Uncaches the least recently released evictable page and returns it; -1 when none.
   int32_t evict();
+  // Uncaches every evictable page; returns them.
+  std::vector<int32_t> evict_all();
 
   // Hashes of tokens' cacheable pages, each chained over the ones before it (a page needs
   // the token after it): equal hashes mean, almost surely, equal keys.
