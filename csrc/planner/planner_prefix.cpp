@@ -10,28 +10,35 @@
 
 namespace sonarspec {
 
-// The sequence's own pages are cached while they continue an unbroken run of cached pages
-// from the first one and hold valid KV (page i: positions below num_valid, and the token
-// after it known), else freed. Then every cached page of the sequence loses its reference,
-// the last page first: a prefix's tail is evicted before the pages it continues.
-void Planner::release(Seq& seq, const std::vector<int32_t>& tokens, int32_t num_valid) {
-  std::vector<int32_t> freed, held;
+// Caches the sequence's own pages that continue an unbroken run of cached pages from its
+// first one and hold valid KV (page i: positions below num_valid, and the token after it
+// known). A page whose key another page holds stays the sequence's own; with
+// past_duplicates the run goes on under that other page, else it ends there.
+void Planner::offer_pages(Seq& seq, const std::vector<int32_t>& tokens, int32_t num_valid, bool past_duplicates) {
   uint64_t parent = 0;
-  bool chained = cache_ != nullptr;
   const size_t ps = static_cast<size_t>(config_.page_size);
   for (size_t i = 0; i < seq.pages.size(); ++i) {
     int32_t page = seq.pages[i];
-    if (cache_ && cache_->cached(page)) {
+    if (cache_->cached(page)) {
       parent = cache_->entry_id(page);
-      held.push_back(page);
       continue;
     }
     size_t end = (i + 1) * ps;
-    chained = chained && end <= static_cast<size_t>(std::max(num_valid, 0)) && end < tokens.size();
+    if (end > static_cast<size_t>(std::max(num_valid, 0)) || end >= tokens.size()) return;
     bool duplicate = false;
-    if (chained) parent = cache_->insert(page, parent, tokens, i * ps, &duplicate);
-    (!chained || duplicate ? freed : held).push_back(page);
+    parent = cache_->insert(page, parent, tokens, i * ps, &duplicate);
+    if (duplicate && !past_duplicates) return;
   }
+}
+
+// With prefix caching the sequence's valid pages are offered to the cache first (past
+// pages another holds: the sequence gives its own up anyway); then every cached page of
+// the sequence loses its reference, the last page first - a prefix's tail is evicted before
+// the pages it continues - and the others are freed.
+void Planner::release(Seq& seq, const std::vector<int32_t>& tokens, int32_t num_valid) {
+  std::vector<int32_t> freed, held;
+  if (cache_) offer_pages(seq, tokens, num_valid, true);
+  for (int32_t page : seq.pages) (cache_ && cache_->cached(page) ? held : freed).push_back(page);
   for (auto it = held.rbegin(); it != held.rend(); ++it) cache_->release(*it);
   free_pages_.insert(free_pages_.end(), freed.rbegin(), freed.rend());
   seq.pages.clear();
@@ -45,22 +52,7 @@ void Planner::cache_prefix(int64_t seq_id, const std::vector<int32_t>& tokens, i
                                 " tokens: cannot cache " + std::to_string(tokens.size()));
   // never past what the planner has computed (a sequence preempted since its caller's step
   // has nothing left to cache)
-  num_valid = std::min(num_valid, seq.num_computed);
-  if (!cache_) return;
-  uint64_t parent = 0;
-  const size_t ps = static_cast<size_t>(config_.page_size);
-  for (size_t i = 0; i < seq.pages.size(); ++i) {
-    int32_t page = seq.pages[i];
-    if (cache_->cached(page)) {
-      parent = cache_->entry_id(page);
-      continue;
-    }
-    size_t end = (i + 1) * ps;
-    if (end > static_cast<size_t>(std::max(num_valid, 0)) || end >= tokens.size()) return;
-    bool duplicate = false;
-    parent = cache_->insert(page, parent, tokens, i * ps, &duplicate);
-    if (duplicate) return;
-  }
+  if (cache_) offer_pages(seq, tokens, std::min(num_valid, seq.num_computed), false);
 }
 
 // Takes the cached pages matching a waiting sequence's prompt; returns the tokens they hold.

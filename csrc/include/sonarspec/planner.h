@@ -142,6 +142,7 @@ class Planner {
   int32_t lookahead_room(int32_t num_slots, int32_t lookahead) const;
   bool grow(Seq& seq, int32_t num_slots);
   void release(Seq& seq, const std::vector<int32_t>& tokens = {}, int32_t num_valid = 0);
+  void offer_pages(Seq& seq, const std::vector<int32_t>& tokens, int32_t num_valid, bool past_duplicates);
   int32_t match_prefix(Seq& seq);
   bool worth_waiting(const Seq& seq) const;
   void set_running(Seq& seq, bool running);
