@@ -179,7 +179,8 @@ def bench_decode(model_dir: Optional[str] = None, batch_sizes: List[int] = (1, 8
     model_dir = resolve(model_dir, "target")
     llm = LLM(model_dir, quantization=quantization, enable_prefix_caching=False)
     # greedy agreement is checked with float32 weights, as transformers holds them
-    exact = LLM(model_dir, compact_weights=False, quantization="none", enable_prefix_caching=False) if with_transformers else None
+    exact = (LLM(model_dir, compact_weights=False, quantization="none", enable_prefix_caching=False)
+             if with_transformers else None)
     hf = load_transformers(model_dir) if with_transformers else None
     gbs = read_bandwidth_gbs()
     wbytes = weight_bytes(llm.engine.model)

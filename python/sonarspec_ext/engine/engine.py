@@ -226,6 +226,11 @@ class Engine:
         if not scheduled:
             return []
         batch = [(self.seqs[sid], start, n) for sid, start, n in scheduled]
+        if self.config.enable_prefix_caching:
+            # the target runs these positions; read once it has (a finish inside the step,
+            # _cache_full_pages after it) - a failed step caches nothing
+            for seq, start, n in batch:
+                seq.kv_len = max(seq.kv_len, start + n)
         decoding = [seq for seq, start, n in batch if n == 1 and start == seq.num_tokens - 1]
         # Under load (more decoding sequences than spec_max_batch) the step decodes plainly
         # and drafters defer their refills, catching up once speculation resumes. A step that
@@ -267,11 +272,10 @@ class Engine:
         included) that have filled with KV valid in every model, so that requests admitted
         meanwhile find them."""
         page = self.config.page_size
-        for seq, start, n in batch:
+        for seq, _, _ in batch:
             if seq.finished:
                 continue
-            seq.kv_len = max(seq.kv_len, start + n)   # the target ran the step's tokens of the sequence
-            valid = min(seq.kv_len, self.proposer.kv_valid(seq))
+            valid = self.output.valid_kv(seq)
             if valid // page > seq.cached_len // page:
                 self.planner.cache_prefix(seq.seq_id, seq.all_ids, valid)
                 seq.cached_len = valid

@@ -21,7 +21,6 @@ class OutputProcessor:
         """Appends emitted tokens, stopping exactly at the first stop condition."""
         if seq.first_token_time is None and tokens:
             seq.first_token_time = time.perf_counter()
-        seq.kv_len = seq.num_tokens   # the step that emits tokens has run the target over all before them
         p = seq.params
         for tok in tokens:
             seq.output_ids.append(tok)
@@ -53,9 +52,14 @@ class OutputProcessor:
             if reason == "error" or not self.prefix_caching:
                 self.planner.finish(seq.seq_id)
             else:
-                self.planner.finish(seq.seq_id, seq.all_ids, min(seq.kv_len, self.proposer.kv_valid(seq)))
+                self.planner.finish(seq.seq_id, seq.all_ids, self.valid_kv(seq))
         self.proposer.reset(seq)
         self.finished.add(seq.stats(), seq.finish_reason)
+
+    def valid_kv(self, seq: Request) -> int:
+        """Positions of ``seq`` below it hold valid KV in every model: the target's and the
+        proposer's own pool."""
+        return min(seq.kv_len, self.proposer.kv_valid(seq))
 
     def text_so_far(self, seq: Request) -> str:
         """The output's text: final once finished, else up to its last complete character."""

@@ -44,7 +44,7 @@ class Request:
         self.accepted_per_position: List[int] = []  # steps that accepted it
         self.num_preemptions = 0
         self.num_cached_tokens = 0   # prompt tokens whose KV came from the prefix cache (last admission)
-        self.kv_len = 0              # positions below it hold the target's KV (written by finished steps)
+        self.kv_len = 0              # positions below it hold the target's KV (set as a step runs them)
         self.cached_len = 0          # positions below it were offered to the prefix cache (full pages cached)
         # with params.logprobs: one sampling.logprobs.TokenLogprob per output token
         self.logprobs: Optional[list] = None if params.logprobs is None else []
