@@ -4,13 +4,7 @@ import random
 import pytest
 
 from sonarspec_ext import _C
-
-
-def planner(num_pages=32, page_size=4, max_num_seqs=8, budget=64, max_len=256):
-    c = _C.PlannerConfig()
-    c.num_pages, c.page_size, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len = (
-        num_pages, page_size, max_num_seqs, budget, max_len)
-    return _C.Planner(c)
+from helpers.planners import make_planner as planner
 
 
 def test_pages_cover_scheduled_tokens_and_lookahead():

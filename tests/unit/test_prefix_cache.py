@@ -2,21 +2,15 @@
 request finds, references and eviction - and, over random workloads with shared prefixes,
 preemption and eviction, every position a step reads holding its own token (a simulated
 KV pool in which each slot stores the token written there)."""
+import functools
 import random
 
 import pytest
 
-from sonarspec_ext import _C
+from helpers.planners import make_planner
 
 PS = 4
-
-
-def planner(num_pages=32, caching=True, max_num_seqs=8, budget=64, max_len=256):
-    c = _C.PlannerConfig()
-    c.num_pages, c.page_size, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len = (
-        num_pages, PS, max_num_seqs, budget, max_len)
-    c.enable_prefix_caching = caching
-    return _C.Planner(c)
+planner = functools.partial(make_planner, page_size=PS, caching=True)
 
 
 def run_to_end(p, sid, tokens):
