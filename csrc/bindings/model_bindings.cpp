@@ -108,9 +108,9 @@ class DecoderStack {
                                  reinterpret_cast<float*>(out), num_threads, capture);
   }
 
-  // io: embed, embed_bf16, lm_head, lm_head_format, lm_rows, block_table, max_pages, page_size, window, embed_rows,
+  // io: embed, embed_format, lm_head, lm_head_format, lm_rows, block_table, max_pages, page_size, window, embed_rows,
   // row_tokens (0: none; else int64 token ids, one per lm_head row), their count.
-  using IOArgs = std::tuple<uintptr_t, bool, uintptr_t, int, int64_t, uintptr_t, int64_t, int64_t, int64_t, int64_t,
+  using IOArgs = std::tuple<uintptr_t, int, uintptr_t, int, int64_t, uintptr_t, int64_t, int64_t, int64_t, int64_t,
                             uintptr_t, int64_t>;
 
   // A greedy chain's scores and early stop (ChainStop): (out_probs, stop_below, prior)
@@ -200,7 +200,7 @@ class DecoderStack {
     }
     StackIO io;
     io.embed = reinterpret_cast<const void*>(std::get<0>(a));
-    io.embed_bf16 = std::get<1>(a);
+    io.embed_format = weight_format_of(std::get<1>(a));
     io.lm_head = reinterpret_cast<const void*>(std::get<2>(a));
     io.lm_head_format = weight_format_of(std::get<3>(a));
     io.lm_rows = std::get<4>(a);

@@ -7,6 +7,7 @@
 
 #include "bindings.h"
 #include "sonarspec/elementwise.h"
+#include "sonarspec/embedding.h"
 #include "sonarspec/kv_store.h"
 #include "sonarspec/paged_attention.h"
 #include "sonarspec/rejection_sampling.h"
@@ -306,6 +307,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("quant_packed_bytes", [](int format, int64_t n, int64_t k) {
     return quant_packed_bytes(weight_format_of(format), n, k);
   }, "Bytes of a packed (n, k) block-quantized matrix (see quant_gemm.h).");
+  m.def("embedding_rows", [](uintptr_t table, int format, int64_t rows, int64_t hidden, uintptr_t tokens, int64_t m,
+                             uintptr_t out) {
+    embedding_rows(reinterpret_cast<const void*>(table), weight_format_of(format), rows, hidden,
+                   reinterpret_cast<const int64_t*>(tokens), m, reinterpret_cast<float*>(out));
+  }, "Rows of a (rows, hidden) embedding table in any WeightFormat as float32 (embedding.h; raw pointers).");
   m.def("amx_available", &amx_available,
         "Whether bfloat16-weight GEMMs run on AMX tiles here (AMX-BF16, unless SONARSPEC_NO_AMX is set).");
   m.def("top_token", [](uintptr_t logits, int64_t vocab) {

@@ -1,6 +1,15 @@
-"""Recording every step's proposals with native drafting on or off (the per-op path)."""
+"""Recording every step's proposals with native drafting on or off (the per-op path); draft
+models sharing their target's embedding."""
+import os
+import shutil
+
+import torch
+
 import sonarspec_ext.spec.chains as chains_mod
 from sonarspec_ext import LLM, SamplingParams
+from sonarspec_ext.models.config import ModelConfig
+from sonarspec_ext.models.draft_llm import save_draft_model
+from sonarspec_ext.models.llama import LlamaForCausalLM
 from sonarspec_ext.runtime.runner import ModelRunner
 from sonarspec_ext.spec.chains import native_chains
 
@@ -43,3 +52,18 @@ def record_drafts(model, spec, prompts, native: bool, monkeypatch, params=PARAMS
         monkeypatch.setattr(ModelRunner, "refill_chain", counting_refills)
     outs = [o.token_ids for o in llm.generate(prompts, params)]
     return seen, outs, used
+
+
+def shared_draft_model(target_dir: str, path: str, vocab=None, seed: int = 0) -> str:
+    """A random one-layer draft of ``target_dir``'s width saved without embedding and lm_head
+    (its target's, bound at load), proposing from ``vocab`` (None: every token)."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig.from_dir(target_dir)
+    cfg.num_hidden_layers = 1
+    model = LlamaForCausalLM(cfg)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.15)
+    save_draft_model(model, path, vocab, dtype="float32")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(target_dir, f), path)
+    return path

@@ -102,3 +102,20 @@ def random_blocks(qtype, rows: int, cols: int, rng, magnitude: float) -> np.ndar
         halves = rng.normal(0, magnitude, size=b.shape[:2]).astype(np.float16)
         b[..., at:at + 2] = halves.view(np.uint8).reshape(*b.shape[:2], 2)
     return b.reshape(rows, -1)
+
+
+# a magnitude of each format's float16 fields (scales, offsets) giving weights ~0.1
+MAGNITUDE = {"q8_0": 0.005, "q4_0": 0.02, "q4_1": 0.02, "q4_k": 0.001, "q5_k": 0.0005, "q5_0": 0.01, "q5_1": 0.01,
+             "q6_k": 0.0005}
+
+
+def format_columns(fmt: str, k: int) -> int:
+    """k for sonarspec's formats with blocks of 32; for the K-quants a multiple of 256 near it."""
+    from sonarspec_ext.ops.quantized import block_columns
+    return k if block_columns(fmt) == 32 else 256 * (k // 128 + 1)
+
+
+def format_blocks(fmt: str, n: int, k: int, rng) -> np.ndarray:
+    """Arbitrary GGUF blocks of an (n, k) matrix in sonarspec's format ``fmt`` (random_blocks)."""
+    import gguf
+    return random_blocks(gguf.GGMLQuantizationType[fmt.upper()], n, k, rng, MAGNITUDE[fmt])

@@ -16,6 +16,7 @@ from sonarspec_ext.models.config import CheckpointError, ModelConfig
 from sonarspec_ext.models.draft_llm import load_draft_model, save_draft_model
 from sonarspec_ext.models.llama import LlamaForCausalLM
 from sonarspec_ext.models.loader import load_model
+from helpers.drafting import shared_draft_model
 from helpers.spec_checks import check_sampled_law
 from helpers.prompts import prompts
 
@@ -23,17 +24,7 @@ VOCAB = torch.arange(1, 256, 3)   # every third byte token
 
 
 def _shared_draft(target_dir: str, path: str, vocab=VOCAB, seed: int = 0) -> str:
-    """A random one-layer draft of ``target_dir``'s width, saved without embedding/lm_head."""
-    torch.manual_seed(seed)
-    cfg = ModelConfig.from_dir(target_dir)
-    cfg.num_hidden_layers = 1
-    model = LlamaForCausalLM(cfg)
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.15)
-    save_draft_model(model, path, vocab, dtype="float32")
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(target_dir, f), path)
-    return path
+    return shared_draft_model(target_dir, path, vocab, seed)
 
 
 @pytest.fixture(scope="module")

@@ -18,17 +18,10 @@ from helpers import gguf_fixtures
 from sonarspec_ext import _C
 from sonarspec_ext.ops.elementwise import silu_and_mul
 from sonarspec_ext.ops.linear import kernel_linear, kernel_mlp
-from sonarspec_ext.ops.quantized import K_QUANTS, QUANTIZED_FORMATS, QuantizedMatrix, block_columns
+from sonarspec_ext.ops.quantized import K_QUANTS, QUANTIZED_FORMATS, QuantizedMatrix
 
 FORMATS = list(QUANTIZED_FORMATS)
-# a magnitude of each format's float16 fields (scales, offsets) giving weights ~0.1
-_MAGNITUDE = {"q8_0": 0.005, "q4_0": 0.02, "q4_1": 0.02, "q4_k": 0.001, "q5_k": 0.0005, "q5_0": 0.01, "q5_1": 0.01,
-              "q6_k": 0.0005}
-
-
-def cols(fmt: str, k: int) -> int:
-    """k for formats with blocks of 32; for the K-quants a multiple of 256 near it."""
-    return k if block_columns(fmt) == 32 else 256 * (k // 128 + 1)
+cols, random_blocks = gguf_fixtures.format_columns, gguf_fixtures.format_blocks
 
 
 def int8_rows(x: np.ndarray) -> np.ndarray:
@@ -40,11 +33,6 @@ def int8_rows(x: np.ndarray) -> np.ndarray:
     inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
     q = np.clip(np.rint(b * inv), -127, 127)
     return (q.astype(np.float64) * d.astype(np.float64)).reshape(m, k)
-
-
-def random_blocks(fmt: str, n: int, k: int, rng) -> np.ndarray:
-    """Arbitrary GGUF blocks of an (n, k) ``fmt`` matrix (helpers.gguf_fixtures.random_blocks)."""
-    return gguf_fixtures.random_blocks(gguf.GGMLQuantizationType[fmt.upper()], n, k, rng, _MAGNITUDE[fmt])
 
 
 def sample_matrix(fmt: str, n: int, k: int, seed: int) -> QuantizedMatrix:

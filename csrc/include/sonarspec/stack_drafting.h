@@ -1,7 +1,7 @@
 // Drafting with a decoder stack (a draft model, or an MTP head): the token embedding before
 // the stack and the lm_head after it, natively, so a drafter's forward over a few tokens
-// is one call. The same kernels as the per-op path (small_gemm for the lm_head, exact
-// bfloat16 widening for the embedding), so the same logits and tokens.
+// is one call. The same kernels as the per-op path (small_gemm for the lm_head, embedding_rows
+// for the embedding), so the same logits and tokens.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +12,8 @@ namespace sonarspec {
 
 // A drafter's embedding and lm_head, and where its sequences' KV lives.
 struct StackIO {
-  const void* embed = nullptr;  // (>= lm_rows, hidden), float32 or bfloat16 bits
-  bool embed_bf16 = false;
+  const void* embed = nullptr;  // (>= lm_rows, hidden) in embed_format (embedding.h)
+  WeightFormat embed_format = WeightFormat::kF32;
   const void* lm_head = nullptr;  // (lm_rows, hidden)
   WeightFormat lm_head_format = WeightFormat::kF32;
   int64_t lm_rows = 0;

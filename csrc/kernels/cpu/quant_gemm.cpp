@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "kv_convert.h"   // half_to_float
 #include "quant_kernels.h"
+#include "quant_unpack.h"
 #include "split_columns.h"
 
 namespace sonarspec {
@@ -39,11 +39,6 @@ Kernel kernel_here() {
     return best;
   }();
   return k;
-}
-
-bool is_quantized(WeightFormat f) {
-  return f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1 || has_fifth_bit(f) ||
-         is_k_quant(f);
 }
 
 // Per-thread storage of one call's quantized activations.
@@ -112,40 +107,21 @@ namespace {
 // Row i of x against column `lane` of a 16-row group, K-quant super-blocks in order.
 float k_quant_row(const QuantizedRows& x, int64_t i, const uint8_t* group, int64_t lane, WeightFormat f) {
   const int64_t bb = quant_block_bytes(f);
+  const int cols = k_sub_columns(f);
   float acc = 0.f;
   for (int64_t sb = 0; sb < x.k / 256; ++sb) {
     const uint8_t* blk = group + sb * bb;
     const int8_t* xq = x.q + i * x.k + sb * 256;
     const int64_t b0 = i * x.kb + sb * 8;   // the super-block's first activation block
-    const float d = half_to_float(reinterpret_cast<const uint16_t*>(blk)[lane]);
-    if (f != WeightFormat::kQ6_K) {   // Q4_K, Q5_K: sub-blocks of 32 with a scale and a min
-      const float dmin = half_to_float(reinterpret_cast<const uint16_t*>(blk + 32)[lane]);
-      uint8_t bytes[12];
-      for (int p = 0; p < 12; ++p) bytes[p] = blk[kQ4kScales + 32 * (p / 2) + 2 * lane + p % 2];
-      for (int sub = 0; sub < 8; ++sub) {
-        int32_t sc, mn, isum = 0;
-        q4k_scale_min(bytes, sub, &sc, &mn);
-        for (int c = 0; c < 8; ++c)
-          for (int t = 0; t < 4; ++t) {
-            const uint8_t byte = blk[kQ4kQuants + 64 * (8 * (sub / 2) + c) + 4 * lane + t];
-            const int high = f == WeightFormat::kQ5_K ? (blk[kQ5kHigh + 64 * c + 4 * lane + t] >> sub) & 1 : 0;
-            isum += (((sub % 2 ? byte >> 4 : byte) & 0x0f) | high << 4) * xq[32 * sub + 4 * c + t];
-          }
+    const float d = lane_scale(blk, lane), dmin = f != WeightFormat::kQ6_K ? lane_min(blk, lane) : 0.f;
+    for (int sub = 0; sub < 256 / cols; ++sub) {
+      int32_t q[32], sc, mn, isum = 0;
+      unpack_k_sub(blk, f, lane, sub, q, &sc, &mn);
+      for (int t = 0; t < cols; ++t) isum += q[t] * xq[cols * sub + t];
+      if (f != WeightFormat::kQ6_K) {   // sub-blocks of 32 with a scale and a min
         acc = std::fma(static_cast<float>(isum), (d * static_cast<float>(sc)) * x.d[b0 + sub], acc);
         acc = std::fma(-(dmin * static_cast<float>(mn)), x.ds[b0 + sub], acc);
-      }
-    } else {   // Q6_K: sub-blocks of 16 columns
-      for (int sub = 0; sub < 16; ++sub) {
-        const int8_t sc = static_cast<int8_t>(blk[kQ6kScales + 32 * (sub / 2) + 2 * lane + sub % 2]);
-        const int h = sub / 8, r0 = 16 * (sub % 8);
-        int32_t isum = -32 * x.s16[2 * b0 + sub];
-        for (int u = 0; u < 4; ++u)
-          for (int t = 0; t < 4; ++t) {
-            const uint8_t low = blk[kQ6kLow + 64 * (16 * h + (r0 % 64) / 4 + u) + 4 * lane + t];
-            const uint8_t high = blk[kQ6kHigh + 64 * (8 * h + (r0 % 32) / 4 + u) + 4 * lane + t];
-            const int lo = (low >> (4 * (r0 / 64))) & 15, hi = (high >> (2 * (r0 / 32))) & 3;
-            isum += (lo | hi << 4) * xq[16 * sub + 4 * u + t];
-          }
+      } else {   // sub-blocks of 16, two per activation block
         acc = std::fma(static_cast<float>(isum), (d * static_cast<float>(sc)) * x.d[b0 + sub / 2], acc);
       }
     }
@@ -155,30 +131,16 @@ float k_quant_row(const QuantizedRows& x, int64_t i, const uint8_t* group, int64
 
 // The same for the 32-column formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), blocks in order.
 float block_row(const QuantizedRows& x, int64_t i, const uint8_t* group, int64_t lane, WeightFormat f) {
-  const int64_t bb = quant_block_bytes(f), kb = x.kb, qoff = quants_offset(f);
-  const int32_t off = quant_offset(f);
+  const int64_t bb = quant_block_bytes(f), kb = x.kb;
   float acc = 0.f;
   for (int64_t b = 0; b < kb; ++b) {
     const uint8_t* blk = group + b * bb;
-    const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk);
     const int8_t* xq = x.q + i * x.k + b * 32;
-    int32_t isum = -off * x.s[i * kb + b];
-    if (f == WeightFormat::kQ8_0) {
-      for (int c = 0; c < 8; ++c)
-        for (int t = 0; t < 4; ++t) isum += blk[qoff + 64 * c + 4 * lane + t] * xq[4 * c + t];
-    } else {
-      const uint32_t qh = has_fifth_bit(f) ? fifth_bits(blk, f, lane) : 0;
-      for (int c = 0; c < 4; ++c)
-        for (int t = 0; t < 4; ++t) {
-          const uint8_t byte = blk[qoff + 64 * c + 4 * lane + t];
-          const int col = 4 * c + t, lo = (byte & 0x0f) | ((qh >> col) & 1) << 4;
-          const int hi = (byte >> 4) | ((qh >> (16 + col)) & 1) << 4;
-          isum += lo * xq[col] + hi * xq[16 + col];
-        }
-    }
-    const float scale = half_to_float(scales[lane]) * x.d[i * kb + b];
-    acc = std::fma(static_cast<float>(isum), scale, acc);
-    if (has_min(f)) acc = std::fma(half_to_float(scales[16 + lane]), x.ds[i * kb + b], acc);
+    int32_t q[32], isum = 0;
+    unpack_block(blk, f, lane, q);
+    for (int t = 0; t < 32; ++t) isum += q[t] * xq[t];
+    acc = std::fma(static_cast<float>(isum), lane_scale(blk, lane) * x.d[i * kb + b], acc);
+    if (has_min(f)) acc = std::fma(lane_min(blk, lane), x.ds[i * kb + b], acc);
   }
   return acc;
 }

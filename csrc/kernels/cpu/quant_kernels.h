@@ -73,6 +73,12 @@ constexpr bool has_fifth_bit(WeightFormat f) { return f == WeightFormat::kQ5_0 |
 constexpr int64_t fifth_bits_offset(WeightFormat f) { return has_min(f) ? 64 : 32; }
 constexpr int64_t quants_offset(WeightFormat f) { return fifth_bits_offset(f) + (has_fifth_bit(f) ? 64 : 0); }
 
+// Whether f is one of the block formats (not float32 / bfloat16).
+constexpr bool is_quantized(WeightFormat f) {
+  return f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1 || has_fifth_bit(f) ||
+         is_k_quant(f);
+}
+
 // Row r's 32 fifth bits (bit j: column j) of a packed Q5_0 / Q5_1 block.
 inline uint32_t fifth_bits(const uint8_t* blk, WeightFormat f, int64_t r) {
   const uint8_t* h = blk + fifth_bits_offset(f) + 2 * r;

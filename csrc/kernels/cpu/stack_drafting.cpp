@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "sonarspec/embedding.h"
 #include "sonarspec/rejection_sampling.h"
 #include "sonarspec/sampling.h"
 #include "sonarspec/small_gemm.h"
@@ -41,21 +42,12 @@ struct Step {
     if (p < 0 || page >= io.max_pages) {
       throw std::out_of_range("position " + std::to_string(p) + " is outside the block table");
     }
-    if (token < 0 || token >= io.embed_rows) {
-      throw std::out_of_range("token " + std::to_string(token) + " out of range");
-    }
     pos[t] = p;
     seq[t] = row;
     slots[t] = io.block_table[row * io.max_pages + page] * io.page_size + p % io.page_size;
     key_begin[t] = io.window > 0 ? std::max<int64_t>(0, p + 1 - io.window) : 0;
     key_end[t] = p + 1;
-    float* dst = x.data() + t * hidden;
-    if (io.embed_bf16) {
-      const uint16_t* e = static_cast<const uint16_t*>(io.embed) + token * hidden;
-      for (int64_t j = 0; j < hidden; ++j) dst[j] = bf16_to_float(e[j]);
-    } else {
-      std::memcpy(dst, static_cast<const float*>(io.embed) + token * hidden, sizeof(float) * hidden);
-    }
+    embedding_row(io.embed, io.embed_format, io.embed_rows, hidden, token, x.data() + t * hidden);
   }
 };
 

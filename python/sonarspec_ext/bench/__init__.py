@@ -138,22 +138,19 @@ def weight_bytes(model: torch.nn.Module) -> int:
     weights share storage), block-quantized matrices at their packed size - except an
     embedding table the lm_head does not share (a lookup reads one row of it)."""
     from ..ops.quantized import QuantizedMatrix
+
+    def storage(w):
+        return (w.data if isinstance(w, QuantizedMatrix) else w).untyped_storage()
+
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     lm_head = getattr(getattr(model, "lm_head", None), "weight", None)
     skip = set()
     if embed is not None and embed.weight is not lm_head:
-        skip.add(embed.weight.untyped_storage().data_ptr())
-    storages = {}
-    for p in model.parameters():
-        s = p.untyped_storage()
-        if s.data_ptr() not in skip:
-            storages[s.data_ptr()] = s.nbytes()
-    for m in model.modules():
-        w = getattr(m, "weight", None)
-        if isinstance(w, QuantizedMatrix):
-            s = w.data.untyped_storage()
-            storages[s.data_ptr()] = s.nbytes()
-    return sum(storages.values())
+        skip.add(storage(embed.weight).data_ptr())
+    weights = list(model.parameters()) + [m.weight for m in model.modules()
+                                          if isinstance(getattr(m, "weight", None), QuantizedMatrix)]
+    storages = {storage(w).data_ptr(): storage(w).nbytes() for w in weights}
+    return sum(n for ptr, n in storages.items() if ptr not in skip)
 
 
 def load_transformers(path: str):

@@ -191,6 +191,12 @@ class GGUFCheckpoint:
                 state[qname] = qm
                 if qname == name:
                     continue
+                if own == fmt:   # a tied embedding reads its rows from the lm_head's blocks
+                    state[name] = qm
+                    continue
+            if name == "model.embed_tokens.weight" and quantization != "none" and own is not None:
+                state[name] = QuantizedMatrix.from_blocks(self._blocks(gguf_name, None), own, shape[1])
+                continue
             if w is None:
                 w = self._values(gguf_name, heads)
             keep = compact and w.dim() == 2 and not quantize

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import AttentionBackend
+from ..layers.embedding import Embedding
 from ..layers.linear import Linear
 from ..ops.elementwise import apply_rope, rope_qkv
 from ..ops.linear import kernel_linear, kernel_mlp
@@ -138,12 +139,12 @@ def vocab_logits(row_logits: torch.Tensor, row_ids: Optional[torch.Tensor], voca
     return out
 
 
-def _embedding(num: int, dim: int) -> nn.Embedding:
+def _embedding(num: int, dim: int) -> Embedding:
     """An embedding table; on the meta device (a model about to be loaded) without the random
     initialisation, whose meta ``normal_`` imports ``torch._dynamo`` (over a second)."""
     if torch.empty(0).is_meta:
-        return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
-    return nn.Embedding(num, dim)
+        return Embedding(num, dim, _weight=torch.empty(num, dim))
+    return Embedding(num, dim)
 
 
 class LlamaBackbone(nn.Module):

@@ -169,6 +169,8 @@ def _random_state(expected: Dict[str, torch.Size], dtype: torch.dtype, device) -
 def _assemble(model: LlamaForCausalLM, cfg: ModelConfig, state: Dict[str, torch.Tensor], device) -> LlamaForCausalLM:
     """``model`` (on the meta device) with ``state``'s tensors, on ``device``, projections fused."""
     quantized = {n: state.pop(n) for n in list(state) if isinstance(state[n], QuantizedMatrix)}
+    if cfg.tie_word_embeddings and "model.embed_tokens.weight" in quantized:   # a shared quantized embedding
+        quantized.setdefault("lm_head.weight", quantized["model.embed_tokens.weight"])
     if cfg.tie_word_embeddings and "lm_head.weight" not in quantized:
         state.pop("lm_head.weight", None)
     for name in quantized:   # plain attributes in place of the parameters

@@ -157,6 +157,17 @@ class QuantizedMatrix:
         values = gguf.dequantize(self.to_blocks(), _gguf_type(self.format))
         return torch.from_numpy(np.array(values, dtype=np.float32).reshape(tuple(self.shape)))
 
+    def dequantize_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows ``index`` (int tensor of any shape) as float32 (*index.shape, k), dequantized
+        natively from the packed blocks - equal to ``gguf``'s dequantizer bit for bit - so an
+        embedding kept in a block format needs no float copy. IndexError for a row outside
+        [0, n)."""
+        ids = index.detach().to(device="cpu", dtype=torch.int64).contiguous()
+        n, k = self.shape
+        out = torch.empty((*ids.shape, k), dtype=torch.float32)
+        _C.embedding_rows(self.data_ptr(), self.code, n, k, ids.data_ptr(), ids.numel(), out.data_ptr())
+        return out
+
     def select_rows(self, index: torch.Tensor) -> "QuantizedMatrix":
         """The rows ``index`` (int tensor) as a new matrix."""
         rows = index.detach().cpu().to(torch.long).numpy()

@@ -34,7 +34,7 @@ def block_table(tables) -> torch.Tensor:
 
 def _check_weights(stack: DecoderStack, embed, lm_head, row_ids: Optional[torch.Tensor]) -> None:
     for name, t in (("embed", embed), ("lm_head", lm_head)):
-        if not (name == "lm_head" and isinstance(t, QuantizedMatrix)):
+        if not isinstance(t, QuantizedMatrix):
             check_tensor(name, t, dtypes=(torch.float32, torch.bfloat16), ndim=2, device=torch.device("cpu"))
         if t.shape[1] != stack.hidden:
             raise ValueError(f"{name} has shape {list(t.shape)}, expected [rows, {stack.hidden}]")
@@ -71,7 +71,7 @@ def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window
         features = features.contiguous()
         if features.shape != (num_tokens, stack.hidden):
             raise ValueError(f"features have shape {list(features.shape)}, expected [{num_tokens}, {stack.hidden}]")
-    args = (embed.data_ptr(), embed.dtype == torch.bfloat16, lm_head.data_ptr(), weight_format_code(lm_head),
+    args = (embed.data_ptr(), weight_format_code(embed), lm_head.data_ptr(), weight_format_code(lm_head),
             lm_head.shape[0], block_table.data_ptr(), block_table.shape[1], page_size, window or 0, embed.shape[0],
             0 if row_ids is None else row_ids.data_ptr(), 0 if row_ids is None else row_ids.shape[0])
     return args, features

@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Where an engine's memory goes after loading: block-format matrices (packed), float
+tensors (by model part), the KV pools, and the process's resident set (after returning
+freed heap to the system), for the target and its drafter.
+
+    python tools/memory_footprint.py [--model smollm2] [--quantization auto] [--spec none|mtp|draft_target]
+                                     [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+
+import torch
+
+from sonarspec_ext import LLM, SpecConfig
+from sonarspec_ext.bench import cpu_info
+from sonarspec_ext.ops.quantized import QuantizedMatrix
+from sonarspec_ext.params import QUANTIZATION_CHOICES
+
+MIB = 1 << 20
+
+
+def _resident_mib() -> float:
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)   # freed load buffers back to the system
+    except (OSError, AttributeError):
+        pass
+    with open("/proc/self/status") as fh:
+        fields = dict(line.split(":", 1) for line in fh if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024
+
+
+def weight_parts(model: torch.nn.Module) -> dict:
+    """MiB by kind of storage, each storage counted once (tied and fused weights share):
+    packed block-format matrices, and float tensors of the embedding and of the rest."""
+    seen, parts = set(), {"blocks": 0.0, "float_embedding": 0.0, "float_other": 0.0}
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    for name, module in model.named_modules():
+        for w in list(module._parameters.values()) + [v for v in vars(module).values()
+                                                       if isinstance(v, QuantizedMatrix)]:
+            if w is None:
+                continue
+            t = w.data if isinstance(w, QuantizedMatrix) else w
+            key = t.untyped_storage().data_ptr()
+            if key in seen:
+                continue
+            seen.add(key)
+            kind = ("blocks" if isinstance(w, QuantizedMatrix)
+                    else "float_embedding" if module is embed else "float_other")
+            parts[kind] += t.untyped_storage().nbytes() / MIB
+    return {k: round(v, 1) for k, v in parts.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES)
+    ap.add_argument("--spec", default="none", choices=["none", "mtp", "draft_target"])
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    before = _resident_mib()
+    spec = None if args.spec == "none" else SpecConfig(method=args.spec, draft="default")
+    llm = LLM(model=args.model, quantization=args.quantization, spec=spec)
+    engine = llm.engine
+    pools = [t for t in vars(engine.runner.kv_cache).values() if isinstance(t, torch.Tensor)]
+    result = {
+        "cpu": cpu_info(), "model": args.model, "quantization": args.quantization, "spec": args.spec,
+        "target": weight_parts(engine.model),
+        "kv_pool_mib": round(sum(t.untyped_storage().nbytes() for t in pools) / MIB, 1),
+        "resident_before_load_mib": round(before), "resident_after_load_mib": round(_resident_mib()),
+    }
+    drafter = getattr(getattr(engine.proposer, "runner", None), "model", None)
+    if drafter is not None:
+        result["drafter"] = weight_parts(drafter)   # storages it shares with the target counted again
+    print(json.dumps(result, indent=2))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
