@@ -12,9 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
-from sonarspec_ext.models.config import CheckpointError, ModelConfig
+from sonarspec_ext.models.config import CheckpointError
 from sonarspec_ext.models.draft_llm import load_draft_model, save_draft_model
-from sonarspec_ext.models.llama import LlamaForCausalLM
 from sonarspec_ext.models.loader import load_model
 from helpers.drafting import shared_draft_model
 from helpers.spec_checks import check_sampled_law
