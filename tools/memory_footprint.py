@@ -17,6 +17,7 @@ import torch
 
 from sonarspec_ext import LLM, SpecConfig
 from sonarspec_ext.bench import cpu_info
+from sonarspec_ext.models.weight_arena import tensor_span, union_bytes
 from sonarspec_ext.ops.quantized import QuantizedMatrix
 from sonarspec_ext.params import QUANTIZATION_CHOICES
 
@@ -35,24 +36,18 @@ def _resident_mib() -> float:
 
 
 def weight_parts(model: torch.nn.Module) -> dict:
-    """MiB by kind of storage, each storage counted once (tied and fused weights share):
+    """MiB by kind, memory shared by several tensors (tied and fused weights) counted once:
     packed block-format matrices, and float tensors of the embedding and of the rest."""
-    seen, parts = set(), {"blocks": 0.0, "float_embedding": 0.0, "float_other": 0.0}
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    for name, module in model.named_modules():
-        for w in list(module._parameters.values()) + [v for v in vars(module).values()
-                                                       if isinstance(v, QuantizedMatrix)]:
-            if w is None:
+    spans = {"blocks": [], "float_embedding": [], "float_other": []}
+    for module in model.modules():
+        for w in list(module._parameters.values()) + list(vars(module).values()):
+            if not isinstance(w, (torch.Tensor, QuantizedMatrix)):
                 continue
-            t = w.data if isinstance(w, QuantizedMatrix) else w
-            key = t.untyped_storage().data_ptr()
-            if key in seen:
-                continue
-            seen.add(key)
             kind = ("blocks" if isinstance(w, QuantizedMatrix)
                     else "float_embedding" if module is embed else "float_other")
-            parts[kind] += t.untyped_storage().nbytes() / MIB
-    return {k: round(v, 1) for k, v in parts.items()}
+            spans[kind].append(tensor_span(w))
+    return {k: round(union_bytes(v) / MIB, 1) for k, v in spans.items()}
 
 
 def main() -> None:
@@ -70,7 +65,7 @@ def main() -> None:
     result = {
         "cpu": cpu_info(), "model": args.model, "quantization": args.quantization, "spec": args.spec,
         "target": weight_parts(engine.model),
-        "kv_pool_mib": round(sum(t.untyped_storage().nbytes() for t in pools) / MIB, 1),
+        "kv_pool_mib": round(sum(t.numel() * t.element_size() for t in pools) / MIB, 1),
         "resident_before_load_mib": round(before), "resident_after_load_mib": round(_resident_mib()),
     }
     drafter = getattr(getattr(engine.proposer, "runner", None), "model", None)

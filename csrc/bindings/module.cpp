@@ -8,6 +8,7 @@
 #include "bindings.h"
 #include "sonarspec/elementwise.h"
 #include "sonarspec/embedding.h"
+#include "sonarspec/huge_pages.h"
 #include "sonarspec/kv_store.h"
 #include "sonarspec/paged_attention.h"
 #include "sonarspec/rejection_sampling.h"
@@ -312,6 +313,9 @@ PYBIND11_MODULE(_C, m) {
     embedding_rows(reinterpret_cast<const void*>(table), weight_format_of(format), rows, hidden,
                    reinterpret_cast<const int64_t*>(tokens), m, reinterpret_cast<float*>(out));
   }, "Rows of a (rows, hidden) embedding table in any WeightFormat as float32 (embedding.h; raw pointers).");
+  m.def("advise_huge_pages", [](uintptr_t ptr, int64_t bytes) {
+    return advise_huge_pages(reinterpret_cast<void*>(ptr), bytes);
+  }, "madvise(MADV_HUGEPAGE) on the 2 MiB-aligned interior of a range; whether it was taken (huge_pages.h).");
   m.def("amx_available", &amx_available,
         "Whether bfloat16-weight GEMMs run on AMX tiles here (AMX-BF16, unless SONARSPEC_NO_AMX is set).");
   m.def("top_token", [](uintptr_t logits, int64_t vocab) {

@@ -134,23 +134,14 @@ def cpu_info() -> dict:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes one decode step streams from memory: every weight storage once (fused and tied
-    weights share storage), block-quantized matrices at their packed size - except an
-    embedding table the lm_head does not share (a lookup reads one row of it)."""
-    from ..ops.quantized import QuantizedMatrix
-
-    def storage(w):
-        return (w.data if isinstance(w, QuantizedMatrix) else w).untyped_storage()
-
+    """Bytes one decode step streams from memory: every weight once (fused and tied weights
+    share memory), block-quantized matrices at their packed size - except an embedding table
+    the lm_head does not share (a lookup reads one row of it)."""
+    from ..models.weight_arena import tensor_span, union_bytes, weight_tensors
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     lm_head = getattr(getattr(model, "lm_head", None), "weight", None)
-    skip = set()
-    if embed is not None and embed.weight is not lm_head:
-        skip.add(storage(embed.weight).data_ptr())
-    weights = list(model.parameters()) + [m.weight for m in model.modules()
-                                          if isinstance(getattr(m, "weight", None), QuantizedMatrix)]
-    storages = {storage(w).data_ptr(): storage(w).nbytes() for w in weights}
-    return sum(n for ptr, n in storages.items() if ptr not in skip)
+    lookup = tensor_span(embed.weight) if embed is not None and embed.weight is not lm_head else None
+    return union_bytes(s for s in map(tensor_span, weight_tensors(model)) if s != lookup)
 
 
 def load_transformers(path: str):

@@ -10,12 +10,14 @@ import torch
 from safetensors.torch import save_file
 
 from .config import CheckpointError, ModelConfig
+from ..ops.host_memory import return_freed_memory
 from ..ops.quantized import QuantizedMatrix, runs_fast
 from ..params import QUANTIZATION_CHOICES
 from .gguf import gguf_file, open_gguf
 from .llama import LlamaForCausalLM
 from .safetensors_files import load_state, weight_files
 from .tokenizer import Tokenizer
+from .weight_arena import pack_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -150,7 +152,7 @@ def load_model(path: str, dtype="float32", device="cpu", compact_weights: bool =
             _quantize_matrices(state, cfg, quant)
         if embedding is not None:
             state["model.embed_tokens.weight"] = embedding
-    return _assemble(model, cfg, state, device)
+    return _assemble(model, cfg, state, device, keep=() if embedding is None else (embedding,))
 
 
 def _random_state(expected: Dict[str, torch.Size], dtype: torch.dtype, device) -> Dict[str, torch.Tensor]:
@@ -166,8 +168,10 @@ def _random_state(expected: Dict[str, torch.Size], dtype: torch.dtype, device) -
     return state
 
 
-def _assemble(model: LlamaForCausalLM, cfg: ModelConfig, state: Dict[str, torch.Tensor], device) -> LlamaForCausalLM:
-    """``model`` (on the meta device) with ``state``'s tensors, on ``device``, projections fused."""
+def _assemble(model: LlamaForCausalLM, cfg: ModelConfig, state: Dict[str, torch.Tensor], device,
+              keep=()) -> LlamaForCausalLM:
+    """``model`` (on the meta device) with ``state``'s tensors, on ``device``, projections fused;
+    on the CPU its weights in one huge-page arena but for ``keep`` (another model's)."""
     quantized = {n: state.pop(n) for n in list(state) if isinstance(state[n], QuantizedMatrix)}
     if cfg.tie_word_embeddings and "model.embed_tokens.weight" in quantized:   # a shared quantized embedding
         quantized.setdefault("lm_head.weight", quantized["model.embed_tokens.weight"])
@@ -176,12 +180,16 @@ def _assemble(model: LlamaForCausalLM, cfg: ModelConfig, state: Dict[str, torch.
     for name in quantized:   # plain attributes in place of the parameters
         del model.get_submodule(name.rsplit(".", 1)[0])._parameters["weight"]
     model.load_state_dict(state, strict=False, assign=True)
+    state.clear()   # the model holds the tensors now: per-matrix copies die as fusing and packing replace them
     if cfg.tie_word_embeddings and "lm_head.weight" not in quantized:
         model.lm_head.weight = model.model.embed_tokens.weight
     for name, w in quantized.items():
         setattr(model.get_submodule(name.rsplit(".", 1)[0]), "weight", w)
     model = model.to(device).eval().requires_grad_(False)
     model.fuse_projections()
+    if torch.device(device).type == "cpu":
+        pack_weights(model, keep)
+        return_freed_memory()
     return model
 
 

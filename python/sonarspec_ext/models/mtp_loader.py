@@ -26,6 +26,7 @@ from ..ops.quantized import QuantizedMatrix
 from .loader import parse_dtype, resolve_quantization
 from .safetensors_files import load_state, weight_files
 from .mtp import MAX_LAYERS, MTPHead
+from .weight_arena import pack_weights
 
 ARCHITECTURE = "SonarspecMTPHead"
 DRAFT_VOCAB = "draft_vocab"   # optional (sonarspec format): token ids the head proposes
@@ -150,7 +151,10 @@ def load_mtp_head(path: str, target, dtype="float32", device="cpu", compact_weig
                 del module._parameters["weight"]
                 module.weight = QuantizedMatrix.quantize(w, quant)
     head.fuse_projections()
-    return head.bind(target)
+    head.bind(target)
+    if torch.device(device).type == "cpu":
+        pack_weights(head)   # its own weights (and draft-vocabulary rows); the target's stay where they are
+    return head
 
 
 def _check_shared(path, fmt, layer, files, target_cfg) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..models.config import ModelConfig
+from ..ops.host_memory import huge_page_zeros
 
 
 def bytes_per_page(cfg: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
@@ -26,8 +27,11 @@ class KVCache:
 
     def __init__(self, cfg: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device):
         shape = (cfg.num_hidden_layers, num_pages * page_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        if torch.device(device).type == "cpu":   # attention streams them: on huge pages
+            self.k, self.v = huge_page_zeros(shape, dtype), huge_page_zeros(shape, dtype)
+        else:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_pages, self.page_size = num_pages, page_size
 
     def layer(self, i: int):

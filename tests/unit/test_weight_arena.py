@@ -1,0 +1,107 @@
+"""Weights in one huge-page arena (models/weight_arena.py) and KV pools on huge pages: every
+weight keeps its values, identity and sharing (tied, fused, row views), a draft model's
+shared embedding stays its target's, the model computes the same logits bit for bit as with
+weights in their own allocations, and the huge-page advice obeys its switch and alignment."""
+import os
+
+import gguf
+import pytest
+import torch
+
+import sonarspec_ext.models.loader as loader
+from helpers.drafting import shared_draft_model
+from helpers.gguf_fixtures import write_gguf
+from helpers.parity import paged_logits
+from sonarspec_ext import _C
+from sonarspec_ext.bench import weight_bytes
+from sonarspec_ext.models.draft_llm import load_draft_model
+from sonarspec_ext.models.weight_arena import pack_weights, tensor_span, union_bytes, weight_tensors
+from sonarspec_ext.ops.host_memory import HUGE_PAGE, huge_page_empty, huge_page_zeros
+from sonarspec_ext.ops.quantized import QuantizedMatrix
+from sonarspec_ext.runtime.kv_cache import KVCache
+
+def _unpacked(path, monkeypatch, **kw):
+    with monkeypatch.context() as m:
+        m.setattr(loader, "pack_weights", lambda *a, **k: 0)
+        return loader.load_model(path, **kw)
+
+
+def _one_run(model) -> bool:
+    """Whether the model's weights lie back to back (gaps only for alignment)."""
+    spans = sorted(tensor_span(t) for t in weight_tensors(model))
+    return spans[-1][1] - spans[0][0] < union_bytes(spans) + 64 * len(spans)
+
+
+@pytest.mark.parametrize("kind", ["float", "q8_0"])
+def test_packed_weights_keep_values_sharing_and_logits(llama_dir, tmp_path, monkeypatch, kind):
+    if kind == "q8_0" and _C.quant_kernel() == "portable":
+        pytest.skip("quantization='auto' keeps blocks only on CPUs with AVX2 or AVX-512 VNNI")
+    path = llama_dir if kind == "float" else write_gguf(llama_dir, str(tmp_path / "q.gguf"),
+                                                        qtype=gguf.GGMLQuantizationType.Q8_0)
+    quant = "none" if kind == "float" else "auto"
+    packed, plain = loader.load_model(path, quantization=quant), _unpacked(path, monkeypatch, quantization=quant)
+    assert _one_run(packed) and not _one_run(plain)
+    for (n, a), (_, b) in zip(packed.state_dict().items(), plain.state_dict().items()):
+        assert torch.equal(a, b), n
+    attn = packed.model.layers[0].self_attn
+    fused = attn.qkv[0]
+    q_span, fused_span = tensor_span(attn.q_proj.weight), tensor_span(fused)
+    assert fused_span[0] <= q_span[0] and q_span[1] <= fused_span[1]   # the projection is still a view
+    if kind == "q8_0":
+        assert isinstance(fused, QuantizedMatrix) and packed.model.embed_tokens.weight.format == "q8_0"
+    assert weight_bytes(packed) == weight_bytes(plain)
+    prompts, cont = [[5, 6, 7, 8], [40, 41]], [[9, 10, 11], [42, 43, 44]]
+    for a, b in zip(paged_logits(packed, prompts, cont, 4, native=True), paged_logits(plain, prompts, cont, 4,
+                                                                                        native=True)):
+        assert torch.equal(a, b)
+
+
+def test_a_tied_embedding_stays_tied(qwen_dir):
+    model = loader.load_model(qwen_dir, compact_weights=False)
+    assert model.lm_head.weight is model.model.embed_tokens.weight and _one_run(model)
+
+
+def test_a_draft_leaves_its_targets_shared_embedding_where_it_is(llama_dir, tmp_path):
+    target = loader.load_model(llama_dir)
+    emb = target.model.embed_tokens.weight
+    before = (emb.data_ptr(), emb.clone())
+    draft = load_draft_model(shared_draft_model(llama_dir, str(tmp_path / "d")), target)
+    assert draft.model.embed_tokens.weight is emb and emb.data_ptr() == before[0] and torch.equal(emb, before[1])
+    assert not any(tensor_span(t) == tensor_span(emb) for t in weight_tensors(draft) if t is not emb)
+
+
+def test_pack_weights_moves_each_storage_once():
+    lin = torch.nn.Linear(64, 48)
+    tied = torch.nn.Module()
+    tied.a, tied.b = lin, torch.nn.Linear(64, 48)
+    tied.b.weight = lin.weight   # the same parameter twice
+    tied.pair = (lin.weight[:16], lin.bias)   # views kept as a plain attribute
+    want = {n: p.clone() for n, p in tied.named_parameters()}
+    moved = pack_weights(tied)
+    assert moved == 48 * 64 * 4 + 48 * 4 + 48 * 4   # the shared weight, two biases (64-byte multiples)
+    assert tied.b.weight is lin.weight and torch.equal(tied.pair[0], lin.weight[:16])
+    assert tied.pair[0].data_ptr() == lin.weight.data_ptr()
+    for n, p in tied.named_parameters():
+        assert torch.equal(p, want[n]), n
+
+
+def test_huge_page_buffers_are_aligned_and_obey_their_switch(monkeypatch):
+    buf = huge_page_empty(3 * HUGE_PAGE + 5)
+    assert buf.numel() == 3 * HUGE_PAGE + 5 and buf.data_ptr() % HUGE_PAGE == 0
+    assert huge_page_empty(100).numel() == 100
+    z = huge_page_zeros((2, 1 << 18, 3), torch.bfloat16)
+    assert z.shape == (2, 1 << 18, 3) and z.dtype == torch.bfloat16 and not z.any() and z.is_contiguous()
+    assert not _C.advise_huge_pages(buf.data_ptr(), HUGE_PAGE - 1)   # no whole huge page in it
+    monkeypatch.setenv("SONARSPEC_NO_HUGE_PAGES", "1")
+    assert not _C.advise_huge_pages(buf.data_ptr(), 2 * HUGE_PAGE)
+    monkeypatch.setenv("SONARSPEC_NO_HUGE_PAGES", "0")
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if os.path.exists(thp) and "[never]" not in open(thp).read():
+        assert _C.advise_huge_pages(buf.data_ptr(), 2 * HUGE_PAGE)
+
+
+def test_cpu_kv_pools_are_zeroed_huge_page_buffers(llama_dir):
+    cfg = loader.ModelConfig.from_dir(llama_dir)
+    cache = KVCache(cfg, 2048, 16, torch.bfloat16, "cpu")
+    assert cache.k.data_ptr() % HUGE_PAGE == 0 and cache.v.data_ptr() % HUGE_PAGE == 0
+    assert not cache.k.any() and not cache.v.any() and cache.k.shape == cache.v.shape
