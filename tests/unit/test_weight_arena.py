@@ -15,6 +15,7 @@ from helpers.parity import paged_logits
 from sonarspec_ext import _C
 from sonarspec_ext.bench import weight_bytes
 from sonarspec_ext.models.draft_llm import load_draft_model
+from sonarspec_ext.models.mtp_loader import load_mtp_head, save_mtp_head
 from sonarspec_ext.models.weight_arena import pack_weights, tensor_span, union_bytes, weight_tensors
 from sonarspec_ext.ops.host_memory import HUGE_PAGE, huge_page_empty, huge_page_zeros
 from sonarspec_ext.ops.quantized import QuantizedMatrix
@@ -105,3 +106,17 @@ def test_cpu_kv_pools_are_zeroed_huge_page_buffers(llama_dir):
     cache = KVCache(cfg, 2048, 16, torch.bfloat16, "cpu")
     assert cache.k.data_ptr() % HUGE_PAGE == 0 and cache.v.data_ptr() % HUGE_PAGE == 0
     assert not cache.k.any() and not cache.v.any() and cache.k.shape == cache.v.shape
+
+
+def test_a_packed_mtp_head_saves_and_loads_back_equal(llama_dir, heads, tmp_path):
+    """Heads are packed too (their weights in one arena, the draft vocabulary ids left out);
+    saving one writes each tensor on its own and reading it back gives the same weights."""
+    target = loader.load_model(llama_dir)
+    head = load_mtp_head(heads["trained"], target)
+    assert _one_run(head)
+    head.set_draft_vocab(torch.arange(0, 256, 2))
+    save_mtp_head(head, str(tmp_path / "again"))
+    back = load_mtp_head(str(tmp_path / "again"), target)
+    assert torch.equal(back.draft_vocab, head.draft_vocab)
+    for (n, a), (_, b) in zip(head.state_dict().items(), back.state_dict().items()):
+        assert torch.equal(a, b), n

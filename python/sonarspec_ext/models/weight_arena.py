@@ -22,9 +22,11 @@ _TRIM_EVERY = 64 << 20   # bytes moved between returns of the freed heap to the 
 
 
 def _tensors(value) -> Iterable[torch.Tensor]:
+    """The weight tensors in an attribute: a parameter, a QuantizedMatrix's bytes, a float
+    tensor, or those in a tuple (fused operands) - not index tensors (a draft vocabulary)."""
     if isinstance(value, QuantizedMatrix):
         yield value.data
-    elif isinstance(value, torch.Tensor):
+    elif isinstance(value, torch.Tensor) and (isinstance(value, nn.Parameter) or value.is_floating_point()):
         yield value
     elif isinstance(value, (tuple, list)):
         for v in value:
