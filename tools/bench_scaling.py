@@ -57,7 +57,7 @@ def decode_step_us(llm: LLM, context: int) -> float:
     runner = llm.engine.runner
     table = list(range(context // runner.kv_cache.page_size + 2))
     meta, pos = runner.metadata([(context, 1, table)])
-    ids, rows = torch.tensor([1000]), torch.arange(1)
+    ids, rows = torch.tensor([min(1000, llm.engine.model.config.vocab_size - 1)]), torch.arange(1)
     return median_us(lambda: runner.forward(ids, pos, meta, rows), 10, 2)
 
 

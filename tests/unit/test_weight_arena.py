@@ -2,7 +2,10 @@
 weight keeps its values, identity and sharing (tied, fused, row views), a draft model's
 shared embedding stays its target's, the model computes the same logits bit for bit as with
 weights in their own allocations, and the huge-page advice obeys its switch and alignment."""
+import json
 import os
+import subprocess
+import sys
 
 import gguf
 import pytest
@@ -11,6 +14,7 @@ import torch
 import sonarspec_ext.models.loader as loader
 from helpers.drafting import shared_draft_model
 from helpers.gguf_fixtures import write_gguf
+from helpers.models import CHATML
 from helpers.parity import paged_logits
 from sonarspec_ext import _C
 from sonarspec_ext.bench import weight_bytes
@@ -120,3 +124,27 @@ def test_a_packed_mtp_head_saves_and_loads_back_equal(llama_dir, heads, tmp_path
     assert torch.equal(back.draft_vocab, head.draft_vocab)
     for (n, a), (_, b) in zip(head.state_dict().items(), back.state_dict().items()):
         assert torch.equal(a, b), n
+
+
+def test_the_layout_and_memory_tools_run_on_a_block_format_file(llama_dir, tmp_path):
+    """tools/bench_weight_layout.py (three layouts, replies asserted equal inside) and
+    tools/memory_footprint.py end to end on a tiny Q8_0 file: their JSON says what they measured."""
+    if _C.quant_kernel() == "portable":
+        pytest.skip("quantization='auto' keeps blocks only on CPUs with AVX2 or AVX-512 VNNI")
+    path = write_gguf(llama_dir, str(tmp_path / "t.gguf"), qtype=gguf.GGMLQuantizationType.Q8_0, chat_template=CHATML)
+    tools = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools")
+    layout, memory = str(tmp_path / "layout.json"), str(tmp_path / "memory.json")
+    for cmd in (["bench_weight_layout.py", "--model", path, "--contexts", "8", "40", "--rounds", "2",
+                 "--chat-rounds", "1", "--json", layout],
+                ["memory_footprint.py", "--model", path, "--json", memory]):
+        r = subprocess.run([sys.executable, os.path.join(tools, cmd[0]), *cmd[1:]], capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.load(open(layout))
+    assert [(x["context"], x["layout"]) for x in rows["rows"]] == [
+        (c, n) for c in (8, 40) for n in ("separate", "arena", "huge pages")]
+    assert all(x["step_us"] > 0 for x in rows["rows"]) and {x["layout"] for x in rows["chat"]} == {
+        "separate", "arena", "huge pages"}
+    mem = json.load(open(memory))
+    assert mem["target"]["blocks"] > 0 and mem["target"]["float_embedding"] == 0   # the embedding is blocks too
+    assert mem["kv_pool_mib"] > 0 and mem["resident_after_load_mib"] > mem["resident_before_load_mib"]
