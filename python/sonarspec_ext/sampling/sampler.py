@@ -6,7 +6,7 @@ do not depend on which other requests share the batch.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import numpy as np
 import torch
