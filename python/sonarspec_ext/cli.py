@@ -107,6 +107,13 @@ def _make_llm(args):
     return llm, params, method
 
 
+def _memory_line(llm) -> str:
+    m, mib = llm.memory(), 1 << 20
+    drafter = f" + drafter {m['drafter_weight_bytes'] / mib:.0f} MiB" if m["drafter_weight_bytes"] else ""
+    return (f"weights {m['target_weight_bytes'] / mib:.0f} MiB{drafter}, KV pool {m['kv_pool_bytes'] / mib:.0f} MiB "
+            f"({m['kv_pool_tokens']} tokens)")
+
+
 def _generate(args) -> int:
     llm, params, method = _make_llm(args)
     if args.chat:
@@ -129,7 +136,7 @@ def _generate(args) -> int:
 def _chat(args) -> int:
     from .chat_cli import run_chat
     llm, params, method = _make_llm(args)
-    print(f"sonarspec chat: {args.model}, spec={method}", file=sys.stderr)
+    print(f"sonarspec chat: {args.model}, spec={method}, {_memory_line(llm)}", file=sys.stderr)
     return run_chat(llm, params, system=args.system)
 
 
@@ -244,8 +251,8 @@ def _serve(args) -> int:
     from .server.app import ServerLimits, serve
     llm, _, method = _make_llm(args)
     name = args.served_model_name or args.model
-    print(f"sonarspec serve: {args.model} (as {name!r}), spec={method}, http://{args.host}:{args.port}/v1",
-          file=sys.stderr)
+    print(f"sonarspec serve: {args.model} (as {name!r}), spec={method}, {_memory_line(llm)}, "
+          f"http://{args.host}:{args.port}/v1", file=sys.stderr)
     serve(llm, name, args.host, args.port, args.api_key,
           ServerLimits(args.max_body_bytes, args.max_prompt_tokens, args.max_tokens_limit, args.max_choices))
     return 0

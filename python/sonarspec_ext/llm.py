@@ -1,4 +1,4 @@
-"""The user-facing facade: ``LLM.generate``, ``LLM.stream``, ``LLM.stats``."""
+"""The user-facing facade: ``LLM.generate``, ``LLM.stream``, ``LLM.stats``, ``LLM.memory``."""
 from __future__ import annotations
 
 import threading
@@ -9,6 +9,7 @@ from .assets import resolve
 from .engine.config import EngineConfig
 from .engine.engine import TIMING_KEYS, Engine
 from .models.chat_template import check_messages, render_chat
+from .models.weight_arena import tensor_span, union_bytes, weight_tensors
 from .params import RequestOutput, SamplingParams, SpecConfig
 
 Prompt = Union[str, List[int]]
@@ -147,6 +148,20 @@ class LLM:
         """Aggregated statistics over finished requests plus the engine's timing split (s)."""
         with self._lock:
             return self._stats()
+
+    def memory(self) -> dict:
+        """Bytes the engine holds for its models: the target's weights, the drafter's (memory it
+        shares with the target - an embedding, an lm_head - counted with the target's), the KV
+        pools of both, and how many tokens the pools hold."""
+        with self._lock:
+            runners = self.engine.runners()
+            spans = [[tensor_span(t) for t in weight_tensors(r.model)] for r in runners]
+            target = union_bytes(spans[0])
+            pools = {id(t): t for r in runners for t in (r.kv_cache.k, r.kv_cache.v)}
+            return {"target_weight_bytes": target,
+                    "drafter_weight_bytes": union_bytes(s for group in spans for s in group) - target,
+                    "kv_pool_bytes": sum(t.numel() * t.element_size() for t in pools.values()),
+                    "kv_pool_tokens": self.engine.kv_cache.num_slots}
 
     def _stats(self) -> dict:
         return {

@@ -201,6 +201,8 @@ def test_chat_and_generate_chat_on_a_gguf_file(tmp_path):
     assert r.stdout.count(ref.text) >= 2 and "(new conversation)" in r.stderr
     assert r.stderr.count(f"[{len(ref.token_ids)} tokens in") == 2 and "tok/s" in r.stderr   # commands get no reply
     assert r.stderr.count(HELP) == 3 and f"unknown command /hlep; {HELP}" in r.stderr   # start, /help, /hlep
+    m = LLM(path).memory()   # the start line says what the engine holds
+    assert f"KV pool {m['kv_pool_bytes'] / 2**20:.0f} MiB ({m['kv_pool_tokens']} tokens)" in r.stderr
     r = run_cli("generate", "hi", "--chat", "--model", path, "--max-tokens", "6", "--spec", "none")
     assert r.returncode == 0, r.stderr
     assert r.stdout.rstrip("\n") == ref.text

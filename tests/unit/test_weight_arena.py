@@ -16,7 +16,7 @@ from helpers.drafting import shared_draft_model
 from helpers.gguf_fixtures import write_gguf
 from helpers.models import CHATML
 from helpers.parity import paged_logits
-from sonarspec_ext import _C
+from sonarspec_ext import _C, LLM, SpecConfig
 from sonarspec_ext.bench import weight_bytes
 from sonarspec_ext.models.draft_llm import load_draft_model
 from sonarspec_ext.models.mtp_loader import load_mtp_head, save_mtp_head
@@ -148,3 +148,20 @@ def test_the_layout_and_memory_tools_run_on_a_block_format_file(llama_dir, tmp_p
     mem = json.load(open(memory))
     assert mem["target"]["blocks"] > 0 and mem["target"]["float_embedding"] == 0   # the embedding is blocks too
     assert mem["kv_pool_mib"] > 0 and mem["resident_after_load_mib"] > mem["resident_before_load_mib"]
+
+
+def test_memory_reports_weights_and_pools(llama_dir, heads, monkeypatch):
+    """LLM.memory: the target's weights (each storage once, as a load without packing holds
+    them), the drafter's own besides, and the KV pools of both with the tokens they hold."""
+    plain = _unpacked(llama_dir, monkeypatch)
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in weight_tensors(plain)}
+    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"]))
+    m = llm.memory()
+    assert m["target_weight_bytes"] == sum(storages.values())
+    head = llm.engine.proposer.runner.model
+    assert 0 < m["drafter_weight_bytes"] < m["target_weight_bytes"]
+    assert m["drafter_weight_bytes"] <= sum(p.numel() * p.element_size() for p in head.parameters())
+    pools = [t for r in llm.engine.runners() for t in (r.kv_cache.k, r.kv_cache.v)]
+    assert len(pools) == 4 and m["kv_pool_bytes"] == sum(t.numel() * t.element_size() for t in pools)
+    assert m["kv_pool_tokens"] == llm.engine.kv_cache.num_pages * llm.engine.kv_cache.page_size
+    assert LLM(llama_dir).memory()["drafter_weight_bytes"] == 0
