@@ -105,11 +105,25 @@ def test_huge_page_buffers_are_aligned_and_obey_their_switch(monkeypatch):
         assert _C.advise_huge_pages(buf.data_ptr(), 2 * HUGE_PAGE)
 
 
-def test_cpu_kv_pools_are_zeroed_huge_page_buffers(llama_dir):
-    cfg = loader.ModelConfig.from_dir(llama_dir)
-    cache = KVCache(cfg, 2048, 16, torch.bfloat16, "cpu")
+def _resident_mib() -> float:
+    with open("/proc/self/status") as fh:
+        return int(fh.read().split("VmRSS:")[1].split()[0]) / 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the resident set from /proc")
+def test_cpu_kv_pools_are_zeroed_huge_page_buffers_resident_as_used(llama_dir):
+    """A 256 MiB pair of pools costs (almost) no resident memory until slots are written;
+    every slot reads as zero; the pools start on 2 MiB boundaries."""
+    cfg = loader.ModelConfig.from_dir(llama_dir)   # 2 layers x 2 KV heads x 16 dims
+    pages = (128 << 20) // (cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2 * 16)
+    before = _resident_mib()
+    cache = KVCache(cfg, pages, 16, torch.bfloat16, "cpu")
+    assert cache.k.numel() * 2 >= 127 << 20 and _resident_mib() - before < 32
+    cache.k[0, :100] = 1.0
+    assert _resident_mib() - before < 32   # a few slots: a page or two
     assert cache.k.data_ptr() % HUGE_PAGE == 0 and cache.v.data_ptr() % HUGE_PAGE == 0
-    assert not cache.k.any() and not cache.v.any() and cache.k.shape == cache.v.shape
+    assert cache.k[0, :100].eq(1).all() and not cache.k[0, 100:].any() and not cache.v.any()
+    assert cache.k.shape == cache.v.shape
 
 
 def test_a_packed_mtp_head_saves_and_loads_back_equal(llama_dir, heads, tmp_path):

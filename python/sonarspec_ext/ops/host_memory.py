@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import mmap
 import sys
 
 import torch
@@ -29,12 +30,22 @@ def huge_page_empty(nbytes: int) -> torch.Tensor:
 
 
 def huge_page_zeros(shape, dtype: torch.dtype) -> torch.Tensor:
-    """Zeros of ``shape`` and ``dtype`` in a huge-page buffer (contiguous, CPU)."""
+    """Zeros of ``shape`` and ``dtype`` (contiguous, CPU) in fresh anonymous memory advised
+    for huge pages: the system hands out zero-filled pages as they are first touched, so a
+    KV pool costs resident memory only for the part the requests have used so far."""
     n = 1
     for d in shape:
         n *= int(d)
-    elem = torch.empty((), dtype=dtype).element_size()
-    return huge_page_empty(n * elem).view(dtype).view(*shape).zero_()
+    if not sys.platform.startswith("linux"):
+        return torch.zeros(shape, dtype=dtype)
+    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    anon = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE)   # private: huge pages apply (not shmem)
+    raw = torch.frombuffer(anon, dtype=torch.uint8)   # zero-filled by the system as pages are touched
+    skip = -raw.data_ptr() % HUGE_PAGE
+    buf = raw[skip:skip + nbytes]
+    if nbytes >= HUGE_PAGE:
+        _C.advise_huge_pages(buf.data_ptr(), nbytes)
+    return buf.view(dtype).view(*shape)
 
 
 def return_freed_memory(collect: bool = True) -> None:
