@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Where an engine's memory goes after loading: block-format matrices (packed), float
-tensors (by model part), the KV pools, and the process's resident set (after returning
-freed heap to the system), for the target and its drafter.
+tensors (by model part), the KV pools (both models', ``LLM.memory``; resident only as
+requests use them), and the process's resident set (after returning freed heap to the
+system), for the target and its drafter.
 
     python tools/memory_footprint.py [--model smollm2] [--quantization auto] [--spec none|mtp|draft_target]
                                      [--json PATH]
@@ -9,8 +10,6 @@ freed heap to the system), for the target and its drafter.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 
 import torch
@@ -18,6 +17,7 @@ import torch
 from sonarspec_ext import LLM, SpecConfig
 from sonarspec_ext.bench import cpu_info
 from sonarspec_ext.models.weight_arena import tensor_span, union_bytes
+from sonarspec_ext.ops.host_memory import return_freed_memory
 from sonarspec_ext.ops.quantized import QuantizedMatrix
 from sonarspec_ext.params import QUANTIZATION_CHOICES
 
@@ -25,11 +25,7 @@ MIB = 1 << 20
 
 
 def _resident_mib() -> float:
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)   # freed load buffers back to the system
-    except (OSError, AttributeError):
-        pass
+    return_freed_memory()   # freed load buffers back to the system first
     with open("/proc/self/status") as fh:
         fields = dict(line.split(":", 1) for line in fh if ":" in line)
     return int(fields["VmRSS"].split()[0]) / 1024
@@ -60,12 +56,11 @@ def main() -> None:
     before = _resident_mib()
     spec = None if args.spec == "none" else SpecConfig(method=args.spec, draft="default")
     llm = LLM(model=args.model, quantization=args.quantization, spec=spec)
-    engine = llm.engine
-    pools = [t for t in vars(engine.runner.kv_cache).values() if isinstance(t, torch.Tensor)]
+    engine, memory = llm.engine, llm.memory()
     result = {
         "cpu": cpu_info(), "model": args.model, "quantization": args.quantization, "spec": args.spec,
         "target": weight_parts(engine.model),
-        "kv_pool_mib": round(sum(t.numel() * t.element_size() for t in pools) / MIB, 1),
+        "kv_pool_mib": round(memory["kv_pool_bytes"] / MIB, 1), "kv_pool_tokens": memory["kv_pool_tokens"],
         "resident_before_load_mib": round(before), "resident_after_load_mib": round(_resident_mib()),
     }
     drafter = getattr(getattr(engine.proposer, "runner", None), "model", None)
