@@ -90,6 +90,13 @@ def test_a_client_that_leaves_frees_its_request(server):
     assert 'sonarspec_requests_finished_total{reason="abort"}' in metrics
     assert "sonarspec_spec_draft_tokens_total" in metrics and "sonarspec_time_to_first_token_seconds_bucket" in metrics
     assert "sonarspec_spec_lookup_steps_total" in metrics
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines()
+              if line and not line.startswith("#")}
+    m = llm.memory()
+    assert values['sonarspec_weight_bytes{model="target"}'] == m["target_weight_bytes"] > 0
+    assert values['sonarspec_weight_bytes{model="drafter"}'] == m["drafter_weight_bytes"]
+    assert values["sonarspec_kv_pool_bytes"] == m["kv_pool_bytes"] and values["sonarspec_kv_pool_tokens"] == m[
+        "kv_pool_tokens"]
 
 
 def test_sonarspec_serve_command(tmp_path):

@@ -101,7 +101,7 @@ def test_steps_speculated_and_paused_are_counted(llama_dir, draft_dir):
     drafted = sum(1 for decoding, n in seen if decoding <= 2 and n > 0)
     assert paused > 5 and drafted > 5 and eng.decode_steps == {"speculating": drafted, "paused": paused}
     metrics = Metrics()
-    metrics.watch(eng, lambda: 0)
+    metrics.watch(eng, lambda: 0, llm.memory())
     for _ in range(2):   # read at each scrape, never added twice
         text = metrics.render().decode()
         assert f'sonarspec_spec_engine_steps_total{{kind="paused"}} {float(paused)}' in text

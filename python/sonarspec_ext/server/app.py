@@ -71,7 +71,7 @@ def create_app(llm: LLM, model_name: str, api_key: Optional[str] = None,
     limits = limits or ServerLimits()
     metrics = Metrics()
     loop = EngineLoop(llm, metrics)
-    metrics.watch(llm.engine, lambda: loop.num_requests)
+    metrics.watch(llm.engine, lambda: loop.num_requests, llm.memory())
 
     @asynccontextmanager
     async def lifespan(_app):

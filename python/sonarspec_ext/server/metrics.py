@@ -41,11 +41,20 @@ class Metrics:
                                    ["position"], registry=r)
         self.acceptance_length = Gauge(p + "spec_acceptance_length",
                                        "Tokens per decode step over finished requests (tau)", registry=r)
+        self.weight_bytes = Gauge(p + "weight_bytes", "Bytes of the models' weights (the drafter's own: what it "
+                                  "shares with the target is counted there)", ["model"], registry=r)
+        self.kv_pool_bytes = Gauge(p + "kv_pool_bytes", "Bytes of the KV pools (target and drafter)", registry=r)
+        self.kv_pool_tokens = Gauge(p + "kv_pool_tokens", "Tokens the KV pools hold", registry=r)
         self._steps = self._accepted = 0
 
-    def watch(self, engine, num_requests: Callable[[], int]) -> None:
-        """Exports ``engine``'s state at each scrape; ``num_requests``: requests in the engine."""
+    def watch(self, engine, num_requests: Callable[[], int], memory: dict) -> None:
+        """Exports ``engine``'s state at each scrape; ``num_requests``: requests in the engine;
+        ``memory``: its ``LLM.memory()`` (fixed once loaded)."""
         self.registry.register(_EngineState(engine, num_requests))
+        self.weight_bytes.labels(model="target").set(memory["target_weight_bytes"])
+        self.weight_bytes.labels(model="drafter").set(memory["drafter_weight_bytes"])
+        self.kv_pool_bytes.set(memory["kv_pool_bytes"])
+        self.kv_pool_tokens.set(memory["kv_pool_tokens"])
 
     def record_finished(self, done, latency_s: float) -> None:
         self.finished.labels(reason=done.finish_reason).inc()
