@@ -182,10 +182,7 @@ StepPlan Planner::schedule_locked(int32_t lookahead) {
     int32_t num_cached = match_prefix(seq);
     if (num_cached > seq.deferred_with) seq.deferrals = 0;  // the pages it waits for are coming
     if (worth_waiting(seq)) {  // a running sequence computes its next page: take it from the cache later
-      if (num_cached) {
-        release(seq);
-        seq.num_computed = 0;
-      }
+      if (num_cached) unmatch(seq);
       ++seq.deferrals;
       seq.deferred_with = num_cached;
       ++it;
@@ -195,10 +192,7 @@ StepPlan Planner::schedule_locked(int32_t lookahead) {
     bool complete = seq.num_computed + num_new == seq.num_tokens;
     int32_t slots = seq.num_computed + num_new + (complete ? lookahead_room(seq.num_computed + num_new, lookahead) : 0);
     if (!grow(seq, slots)) {
-      if (num_cached) {  // give the matched pages back until it is admitted
-        release(seq);
-        seq.num_computed = 0;
-      }
+      if (num_cached) unmatch(seq);
       break;
     }
     if (num_cached) plan.cached.emplace_back(id, num_cached);

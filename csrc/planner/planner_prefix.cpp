@@ -63,6 +63,13 @@ int32_t Planner::match_prefix(Seq& seq) {
   return seq.num_computed;
 }
 
+// A waiting sequence not admitted after all gives its matched pages back to the cache until
+// it is.
+void Planner::unmatch(Seq& seq) {
+  release(seq);
+  seq.num_computed = 0;
+}
+
 int32_t Planner::reset_prefix_cache() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!cache_) return 0;

@@ -144,6 +144,7 @@ class Planner {
   void release(Seq& seq, const std::vector<int32_t>& tokens = {}, int32_t num_valid = 0);
   void offer_pages(Seq& seq, const std::vector<int32_t>& tokens, int32_t num_valid, bool past_duplicates);
   int32_t match_prefix(Seq& seq);
+  void unmatch(Seq& seq);
   bool worth_waiting(const Seq& seq) const;
   void set_running(Seq& seq, bool running);
   void preempt(int64_t seq_id);
