@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import math
 import mmap
 import sys
 
@@ -16,36 +17,34 @@ from .. import _C
 HUGE_PAGE = 1 << 21
 
 
-def huge_page_empty(nbytes: int) -> torch.Tensor:
-    """An uninitialised CPU uint8 tensor of ``nbytes`` starting on a 2 MiB boundary, advised
-    for huge pages before anything touches it (so its pages fault in 2 MiB at a time where
-    the kernel allows). Off Linux, or with SONARSPEC_NO_HUGE_PAGES=1, a plain buffer."""
-    if nbytes < HUGE_PAGE:
-        return torch.empty(nbytes, dtype=torch.uint8)
-    raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
+def _advised(raw: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """The first ``nbytes`` of ``raw`` (uint8, ``nbytes`` + HUGE_PAGE long, untouched) from
+    its first 2 MiB boundary on, advised for huge pages."""
     skip = -raw.data_ptr() % HUGE_PAGE
     buf = raw[skip:skip + nbytes]
     _C.advise_huge_pages(buf.data_ptr(), nbytes)
     return buf
 
 
+def huge_page_empty(nbytes: int) -> torch.Tensor:
+    """An uninitialised CPU uint8 tensor of ``nbytes`` starting on a 2 MiB boundary, advised
+    for huge pages before anything touches it (so its pages fault in 2 MiB at a time where
+    the kernel allows). Off Linux, or with SONARSPEC_NO_HUGE_PAGES=1, a plain buffer."""
+    if nbytes < HUGE_PAGE:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    return _advised(torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8), nbytes)
+
+
 def huge_page_zeros(shape, dtype: torch.dtype) -> torch.Tensor:
     """Zeros of ``shape`` and ``dtype`` (contiguous, CPU) in fresh anonymous memory advised
     for huge pages: the system hands out zero-filled pages as they are first touched, so a
     KV pool costs resident memory only for the part the requests have used so far."""
-    n = 1
-    for d in shape:
-        n *= int(d)
     if not sys.platform.startswith("linux"):
         return torch.zeros(shape, dtype=dtype)
-    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(int(d) for d in shape) * torch.empty((), dtype=dtype).element_size()
     anon = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE)   # private: huge pages apply (not shmem)
     raw = torch.frombuffer(anon, dtype=torch.uint8)   # zero-filled by the system as pages are touched
-    skip = -raw.data_ptr() % HUGE_PAGE
-    buf = raw[skip:skip + nbytes]
-    if nbytes >= HUGE_PAGE:
-        _C.advise_huge_pages(buf.data_ptr(), nbytes)
-    return buf.view(dtype).view(*shape)
+    return _advised(raw, nbytes).view(dtype).view(*shape)
 
 
 def return_freed_memory(collect: bool = True) -> None:
