@@ -16,7 +16,7 @@ import torch
 
 from sonarspec_ext import LLM, SpecConfig
 from sonarspec_ext.bench import cpu_info
-from sonarspec_ext.models.weight_arena import tensor_span, union_bytes
+from sonarspec_ext.models.weight_arena import module_weights, tensor_span, union_bytes
 from sonarspec_ext.ops.host_memory import return_freed_memory
 from sonarspec_ext.ops.quantized import QuantizedMatrix
 from sonarspec_ext.params import QUANTIZATION_CHOICES
@@ -36,13 +36,9 @@ def weight_parts(model: torch.nn.Module) -> dict:
     packed block-format matrices, and float tensors of the embedding and of the rest."""
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     spans = {"blocks": [], "float_embedding": [], "float_other": []}
-    for module in model.modules():
-        for w in list(module._parameters.values()) + list(vars(module).values()):
-            if not isinstance(w, (torch.Tensor, QuantizedMatrix)):
-                continue
-            kind = ("blocks" if isinstance(w, QuantizedMatrix)
-                    else "float_embedding" if module is embed else "float_other")
-            spans[kind].append(tensor_span(w))
+    for module, w in module_weights(model):
+        kind = "blocks" if isinstance(w, QuantizedMatrix) else "float_embedding" if module is embed else "float_other"
+        spans[kind].append(tensor_span(w))
     return {k: round(union_bytes(v) / MIB, 1) for k, v in spans.items()}
 
 

@@ -21,29 +21,42 @@ _ALIGN = 64
 _TRIM_EVERY = 64 << 20   # bytes moved between returns of the freed heap to the system
 
 
-def _tensors(value) -> Iterable[torch.Tensor]:
-    """The weight tensors in an attribute: a parameter, a QuantizedMatrix's bytes, a float
-    tensor, or those in a tuple (fused operands) - not index tensors (a draft vocabulary)."""
-    if isinstance(value, QuantizedMatrix):
-        yield value.data
-    elif isinstance(value, torch.Tensor) and (isinstance(value, nn.Parameter) or value.is_floating_point()):
+def _weights(value) -> Iterable:
+    """The weights in an attribute: a parameter, a QuantizedMatrix, a float tensor, or those in
+    a tuple (fused operands) - not index tensors (a draft vocabulary)."""
+    if isinstance(value, QuantizedMatrix) or (
+            isinstance(value, torch.Tensor) and (isinstance(value, nn.Parameter) or value.is_floating_point())):
         yield value
     elif isinstance(value, (tuple, list)):
         for v in value:
             if isinstance(v, (torch.Tensor, QuantizedMatrix)):
-                yield from _tensors(v)
+                yield from _weights(v)
+
+
+def _tensors(value) -> Iterable[torch.Tensor]:
+    """The tensors holding an attribute's weights (a QuantizedMatrix: its packed bytes)."""
+    for w in _weights(value):
+        yield w.data if isinstance(w, QuantizedMatrix) else w
+
+
+def module_weights(model: nn.Module) -> Iterable[Tuple[nn.Module, object]]:
+    """(module, weight) for each weight each module of ``model`` holds - parameters,
+    block-format matrices, fused operands kept as plain attributes - tensors or
+    QuantizedMatrix objects, possibly several views of the same memory."""
+    for module in model.modules():
+        for value in list(module._parameters.values()) + list(vars(module).values()):
+            for w in _weights(value):
+                yield module, w
 
 
 def weight_tensors(model: nn.Module) -> List[torch.Tensor]:
-    """The tensors holding the model's weights - parameters, block-format matrices and fused
-    operands kept as plain attributes - each once, in module order."""
+    """The tensors holding the model's weights, each once, in module order."""
     seen, out = set(), []
-    for module in model.modules():
-        for value in list(module._parameters.values()) + list(vars(module).values()):
-            for t in _tensors(value):
-                if id(t) not in seen:
-                    seen.add(id(t))
-                    out.append(t)
+    for _, w in module_weights(model):
+        t = w.data if isinstance(w, QuantizedMatrix) else w
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
     return out
 
 
