@@ -16,7 +16,7 @@ SONARSPEC_NO_AMX=1 python tools/bench_verify_cost.py --model smollm2 --rounds 3 
   --json "$OUT/smollm2_verify_cost_no_amx.json"
 python tools/bench_scaling.py --json "$OUT/smollm2_scaling.json" --plot "$OUT/smollm2_scaling.png"
 python tools/bench_weight_layout.py --rounds 10 --chat-rounds 4 --json "$OUT/smollm2_weight_layout_q4_1.json"
-python tools/memory_footprint.py --spec mtp --json "$OUT/smollm2_memory.json"
+python tools/memory_footprint.py --spec mtp --chat-turns 3 --json "$OUT/smollm2_memory.json"
 sonarspec bench --spec all --model smollm2 --draft none --mtp "$HEAD" --mtp-ks 1 2 3 --batch-sizes 1 8 \
   --repeats 3 --max-tokens 96 --no-transformers --json "$OUT/smollm2_spec.json" --plot "$OUT/smollm2_spec.png"
 sonarspec bench --spec all --model smollm2 --draft none --mtp "$HEAD" --mtp-ks 2 --batch-sizes 8 --spec-max-batch 4 \

@@ -2,10 +2,11 @@
 """Where an engine's memory goes after loading: block-format matrices (packed), float
 tensors (by model part), the KV pools (both models', ``LLM.memory``; resident only as
 requests use them), and the process's resident set (after returning freed heap to the
-system), for the target and its drafter.
+system), for the target and its drafter; with ``--chat-turns N`` the resident set after
+each turn of a greedy chat (128 tokens a reply), as the KV pools fill.
 
     python tools/memory_footprint.py [--model smollm2] [--quantization auto] [--spec none|mtp|draft_target]
-                                     [--json PATH]
+                                     [--chat-turns 3] [--json PATH]
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import json
 
 import torch
 
-from sonarspec_ext import LLM, SpecConfig
+from sonarspec_ext import LLM, SamplingParams, SpecConfig
 from sonarspec_ext.bench import cpu_info
 from sonarspec_ext.models.weight_arena import module_weights, tensor_span, union_bytes
 from sonarspec_ext.ops.host_memory import return_freed_memory
@@ -47,6 +48,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES)
     ap.add_argument("--spec", default="none", choices=["none", "mtp", "draft_target"])
+    ap.add_argument("--chat-turns", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     before = _resident_mib()
@@ -59,6 +61,12 @@ def main() -> None:
         "kv_pool_mib": round(memory["kv_pool_bytes"] / MIB, 1), "kv_pool_tokens": memory["kv_pool_tokens"],
         "resident_before_load_mib": round(before), "resident_after_load_mib": round(_resident_mib()),
     }
+    conv = [{"role": "user", "content": "Explain how a hash map works."}]
+    result["resident_after_turn_mib"] = []
+    for _ in range(args.chat_turns):
+        reply = llm.chat(conv, SamplingParams(max_tokens=128, temperature=0))[0].text
+        conv += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Tell me more."}]
+        result["resident_after_turn_mib"].append(round(_resident_mib()))
     drafter = getattr(getattr(engine.proposer, "runner", None), "model", None)
     if drafter is not None:
         result["drafter"] = weight_parts(drafter)   # storages it shares with the target counted again
