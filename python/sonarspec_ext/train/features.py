@@ -106,7 +106,7 @@ def compute_features(target, windows: Union[PackedWindows, np.ndarray], out_dir:
             parts = []
             for b in range(lo, hi, batch_windows):
                 top = min(hi, b + batch_windows)
-                parts.append(_run(runner, win.tokens[b:top], spans[b:top], page_size))
+                parts.append(prefill_hidden(runner, win.tokens[b:top], spans[b:top], page_size))
                 bar.update(parts[-1].shape[0])
             hidden = torch.cat(parts).to(store_dtype)   # (n, T, H), or (n, T, 1 + layers, H)
             streams = {} if hidden.dim() == 3 else {"streams": hidden[:, :, 1:].contiguous()}
@@ -123,7 +123,7 @@ def compute_features(target, windows: Union[PackedWindows, np.ndarray], out_dir:
     return index
 
 
-def _run(runner: ModelRunner, tokens: np.ndarray, spans, page_size: int) -> torch.Tensor:
+def prefill_hidden(runner: ModelRunner, tokens: np.ndarray, spans, page_size: int) -> torch.Tensor:
     """Prefills every segment of a batch of windows as its own sequence from position 0 ->
     the runner's hidden states (b, T, ...), zero in padding."""
     b, T = tokens.shape
