@@ -7,18 +7,14 @@ import sys
 import pytest
 
 pytest.importorskip("gguf")
-TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools")
 
 
 def test_corpus_resumes_and_splits_by_prompt(tmp_path, monkeypatch):
     from helpers.models import make_hf_model
     from helpers.gguf_fixtures import write_gguf
     from helpers.models import CHATML
-    sys.path.insert(0, TOOLS)
-    try:
-        import make_chat_corpus as mcc
-    finally:
-        sys.path.remove(TOOLS)
+    from helpers.tools import import_tool
+    mcc = import_tool("make_chat_corpus")
     hf = str(tmp_path / "hf")
     make_hf_model(hf, "llama", seed=9)
     model = write_gguf(hf, str(tmp_path / "chat.gguf"), chat_template=CHATML)
@@ -51,7 +47,7 @@ def test_the_corpus_kept_in_the_repository_reads_for_training(tmp_path):
     sampled, the split the prompt id gives, and train-mtp's reader takes it as it is."""
     import lzma
     from sonarspec_ext.train.data import is_validation, read_corpus
-    src = os.path.join(TOOLS, "..", "data", "smollm2_chat_corpus.jsonl.xz")
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "smollm2_chat_corpus.jsonl.xz")
     path = tmp_path / "corpus.jsonl"
     path.write_bytes(lzma.decompress(open(src, "rb").read()))
     modes = {}

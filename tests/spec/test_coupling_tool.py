@@ -1,24 +1,15 @@
 """tools/coupling_acceptance.py: the head-and-tail race draws from the distribution it races
 over (chi-square at 0.001), and the exact rules agree with hand-computed cases."""
-import os
-import sys
-
 import pytest
 import torch
 
 from helpers.stats import assert_matches
-
-TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools")
+from helpers.tools import import_tool
 
 
 @pytest.fixture(scope="module")
 def tool():
-    sys.path.insert(0, TOOLS)
-    try:
-        import coupling_acceptance
-    finally:
-        sys.path.remove(TOOLS)
-    return coupling_acceptance
+    return import_tool("coupling_acceptance")
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.03, 0.1, 0.5, 2.0])

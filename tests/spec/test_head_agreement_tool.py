@@ -1,24 +1,15 @@
 """tools/head_agreement.py: the engine's chains replayed on teacher-forced head predictions
 (features from the training feature pass) draft and accept what the engine itself drafted and
 accepted, position by position, on the packaged target and head."""
-import os
-import sys
-
 import pytest
 
+from helpers.tools import import_tool
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
-
-TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools")
 
 
 @pytest.fixture(scope="module")
 def tool():
-    sys.path.insert(0, TOOLS)
-    try:
-        import head_agreement
-    finally:
-        sys.path.remove(TOOLS)
-    return head_agreement
+    return import_tool("head_agreement")
 
 
 def test_replayed_chains_match_the_engines_drafts(tool):
