@@ -124,12 +124,13 @@ def main() -> None:
     }
     tf = result["teacher_forced"]
     print(f"{len(items)} held-out chat prompts, {rows} reply tokens")
-    print("engine, accepted per draft position: " + " / ".join(f"{a:.3f}" for a in result["engine_accepted_per_position"]))
-    print("replayed on training features, per draft position: "
-          + " / ".join(f"{a:.3f}" for a in result["replayed_accepted_per_position"]))
+    per_position = lambda key: " / ".join(f"{a:.3f}" for a in result[key])  # noqa: E731
+    print("engine, accepted per draft position: " + per_position("engine_accepted_per_position"))
+    print("replayed on training features, per draft position: " + per_position("replayed_accepted_per_position"))
     print(f"teacher-forced, training features: first draft {tf['first_draft_top1']:.3f} (top 2 "
           f"{tf['first_draft_top2']:.3f}, top 4 {tf['first_draft_top4']:.3f}), first and second "
-          f"{tf['first_and_second_draft']:.3f}; reply tokens in the draft vocabulary {tf['reply_tokens_in_draft_vocab']:.3f}")
+          f"{tf['first_and_second_draft']:.3f}; reply tokens in the draft vocabulary "
+          f"{tf['reply_tokens_in_draft_vocab']:.3f}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)
