@@ -44,7 +44,7 @@ done
 python tools/bench_verify_cost.py --model smollm2 --quantization auto --rounds 3 \
   --json "$OUT/smollm2_verify_cost_q4_1.json"
 python tools/bench_draft_stop.py --prompts 80 --configs 2 3 4 4:0.1 4:0.2 --json "$OUT/smollm2_draft_stop.json"
-python tools/head_agreement.py --prompts 80 --max-tokens 128 --k 2 --json "$OUT/smollm2_head_agreement.json"
+python tools/head_agreement.py --prompts 80 --max-tokens 128 --json "$OUT/smollm2_head_agreement.json"
 for w in edit chat; do   # lookup drafts beside the head, on code-editing and held-out chat prompts
   python tools/bench_draft_stop.py --workload "$w" --prompts 40 --max-tokens 256 --configs 3 3+8 \
     --json "$OUT/smollm2_lookup_$w.json"

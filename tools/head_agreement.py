@@ -21,7 +21,7 @@ engine serves; top-2/4 and the vocabulary share say what wider trees or a larger
 vocabulary could add.
 
     python tools/head_agreement.py [--model smollm2] [--head default|DIR] [--prompts 40]
-                                   [--max-tokens 128] [--k 2] [--json PATH]
+                                   [--max-tokens 128] [--json PATH]
 """
 from __future__ import annotations
 
@@ -93,13 +93,10 @@ def main() -> None:
     ap.add_argument("--head", default="default", help="the MTP head: 'default' (the model's packaged one) or a dir")
     ap.add_argument("--prompts", type=int, default=40)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--k", type=int, default=2, help="draft tokens per step of the engine run (>= 2)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    if args.k < 2:
-        raise SystemExit("--k must be at least 2 (the chain's second draft is compared)")
     items = [p for p in build_prompts() if is_validation(p["id"])][:args.prompts]
-    llm = LLM(args.model, spec=SpecConfig(method="mtp", draft=args.head, num_draft_tokens=args.k),
+    llm = LLM(args.model, spec=SpecConfig(method="mtp", draft=args.head, num_draft_tokens=2),
               adaptive_speculation=False, enable_prefix_caching=False)
     engine = llm.engine
     head = engine.proposer.head
