@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where an MTP head's drafts fall short, on held-out chat replies: each prompt of the
 validation split of ``tools/chat_prompts.py`` is answered greedily by the engine with the
-head drafting chains of ``--k`` tokens (its acceptance per draft position, as ``LLM.stats``
+head drafting chains of 2 tokens (its acceptance per draft position, as ``LLM.stats``
 reports it); then the head reads the same reply teacher-forced, on features computed as the
 training feature pass computes them (``train.features.prefill_hidden``: a prefill, float32
 KV), and gives, over the reply's tokens:
