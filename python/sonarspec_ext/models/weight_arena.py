@@ -33,10 +33,14 @@ def _weights(value) -> Iterable:
                 yield from _weights(v)
 
 
+def _backing(w) -> torch.Tensor:
+    """The tensor holding a weight: itself, or a QuantizedMatrix's packed bytes."""
+    return w.data if isinstance(w, QuantizedMatrix) else w
+
+
 def _tensors(value) -> Iterable[torch.Tensor]:
-    """The tensors holding an attribute's weights (a QuantizedMatrix: its packed bytes)."""
-    for w in _weights(value):
-        yield w.data if isinstance(w, QuantizedMatrix) else w
+    """The tensors holding an attribute's weights."""
+    return map(_backing, _weights(value))
 
 
 def module_weights(model: nn.Module) -> Iterable[Tuple[nn.Module, object]]:
@@ -53,7 +57,7 @@ def weight_tensors(model: nn.Module) -> List[torch.Tensor]:
     """The tensors holding the model's weights, each once, in module order."""
     seen, out = set(), []
     for _, w in module_weights(model):
-        t = w.data if isinstance(w, QuantizedMatrix) else w
+        t = _backing(w)
         if id(t) not in seen:
             seen.add(id(t))
             out.append(t)
@@ -63,7 +67,7 @@ def weight_tensors(model: nn.Module) -> List[torch.Tensor]:
 def tensor_span(t) -> Tuple[int, int]:
     """[first byte, past the last byte) of the memory a tensor (a QuantizedMatrix: its packed
     bytes) reaches."""
-    t = t.data if isinstance(t, QuantizedMatrix) else t
+    t = _backing(t)
     if t.numel() == 0:
         return t.data_ptr(), t.data_ptr()
     reach = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
