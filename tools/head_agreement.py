@@ -76,7 +76,7 @@ def teacher_forced(target, head, seq, page_size: int = 16) -> dict:
     # own), commits its accepted drafts and the target's next token
     i, drafted, accepted = P - 1, [0, 0], [0, 0]
     while (room := min(2, T - i - 3)) >= 1:
-        ok = [int(top1[i, 0]) == ids[i + 2]]
+        ok = [bool(first_ok[i - (P - 1)])]
         if room == 2:
             ok.append(ok[0] and int(chained[i + 1]) == ids[i + 3])
         for k, good in enumerate(ok):
