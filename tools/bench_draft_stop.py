@@ -12,14 +12,16 @@ tokens/s, the ratio to plain decoding's (over all prompts, and the median of the
 per-prompt ratios), tokens per step and drafted tokens per step.
 
     python tools/bench_draft_stop.py [--model smollm2] [--workload chat|edit] [--prompts 60] [--max-tokens 128]
-                                     [--configs 2 3 4:0.1] [--heads default DIR ...] [--adaptive]
+                                     [--configs 2 3 4:0.1] [--heads default DIR ...] [--head-quantization auto q4_1]
+                                     [--adaptive]
                                      [--temperature T] [--top-p P] [--top-k K] [--no-draft-sampling]
                                      [--repetition-penalty R]
                                      [--presence-penalty P] [--frequency-penalty F] [--json PATH]
 
 A configuration is K (chains of K tokens), K:P (at most K, stopped below probability P) or
 either with ``+L`` (lookup drafts of up to L tokens where the context repeats: ``3+8``),
-run with each of ``--heads`` (default: the model's packaged head); ``--adaptive`` runs them
+run with each of ``--heads`` (default: the model's packaged head) loaded in each of
+``--head-quantization`` (``SpecConfig.quantization``; default auto); ``--adaptive`` runs them
 under the adaptive speculation control (the CLI default: K is then the longest chain it
 measures), else speculating every step.
 """
@@ -38,6 +40,7 @@ from chat_prompts import build_prompts  # noqa: E402
 from edit_prompts import edit_prompts  # noqa: E402
 from sonarspec_ext import LLM, SamplingParams, SpecConfig  # noqa: E402
 from sonarspec_ext.bench import cpu_info, rotated  # noqa: E402
+from sonarspec_ext.models.loader import QUANTIZATION_CHOICES  # noqa: E402
 from sonarspec_ext.train.data import is_validation  # noqa: E402
 
 
@@ -57,6 +60,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--configs", nargs="+", default=["2", "3", "4:0.1"])
     ap.add_argument("--heads", nargs="+", default=["default"], help="MTP head dirs ('default': the packaged one)")
+    ap.add_argument("--head-quantization", nargs="+", default=["auto"], choices=QUANTIZATION_CHOICES,
+                    help="how each head's matrices load (SpecConfig.quantization): each one measured")
     ap.add_argument("--adaptive", action="store_true", help="under the adaptive speculation control")
     ap.add_argument("--temperature", type=float, default=0.0, help="sample at T (unseeded: rejection sampling); 0: greedy")
     ap.add_argument("--seeded", action="store_true",
@@ -77,11 +82,14 @@ def main() -> None:
                 else edit_prompts(args.prompts))
     configs = {"plain": None}
     for head in args.heads:
-        for c in args.configs:
-            configs[c if len(args.heads) == 1 else f"{head} {c}"] = (head, *parse_config(c))
-    llms = {name: LLM(args.model, spec=None if c is None else SpecConfig(method="mtp", draft=c[0],
-                                                                          num_draft_tokens=c[1], draft_stop_prob=c[2],
-                                                                          lookup_draft_tokens=c[3]),
+        for quant in args.head_quantization:
+            for c in args.configs:
+                label = " ".join(([head] if len(args.heads) > 1 else []) +
+                                 ([quant] if len(args.head_quantization) > 1 else []) + [c])
+                configs[label] = (head, quant, *parse_config(c))
+    llms = {name: LLM(args.model, spec=None if c is None else SpecConfig(method="mtp", draft=c[0], quantization=c[1],
+                                                                          num_draft_tokens=c[2], draft_stop_prob=c[3],
+                                                                          lookup_draft_tokens=c[4]),
                       adaptive_speculation=args.adaptive and c is not None, draft_sampling=args.draft_sampling,
                       enable_prefix_caching=False)
             for name, c in configs.items()}
@@ -124,7 +132,8 @@ def main() -> None:
               + (f"; steps per draft length {r['adaptive_steps']}" if "adaptive_steps" in r else ""))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"model": args.model, "workload": args.workload, "heads": args.heads, "adaptive": args.adaptive,
+            json.dump({"model": args.model, "workload": args.workload, "heads": args.heads,
+                       "head_quantization": args.head_quantization, "adaptive": args.adaptive,
                        "prompts": len(items),
                        "max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                        "top_k": args.top_k,
