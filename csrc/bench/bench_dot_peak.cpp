@@ -1,8 +1,9 @@
 // Peak multiply-add throughput of the CPU's dot-product instructions, with every register
-// independent (no memory operands): the ceiling a compute-bound GEMM row can reach. The
-// quantized kernels' verified rows beyond the first are VPDPBUSD-bound (64 int8 multiply-adds
-// per 512-bit instruction), the bfloat16 kernel's VDPBF16PS-bound (32), so a model's extra
-// verified row costs at least (multiply-adds per token) / (the rate below x threads).
+// independent (no memory operands): the ceiling of a compute-bound GEMM. The block formats'
+// kernels multiply with VPDPBUSD (64 int8 multiply-adds per 512-bit instruction), the bfloat16
+// kernel with VDPBF16PS (32), so a verified row's products take at least (multiply-adds per
+// token) / (the rate below x threads) - the time the weight stream has to hide for that row
+// to cost nothing extra.
 //   ./build/native/bench_dot_peak [--threads N] [--json PATH] [--quick]
 #include <immintrin.h>
 
@@ -22,8 +23,8 @@ constexpr int kChains = 10;   // independent accumulators (DOT_CHAINS): more tha
 #define DOT_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16"), noinline))
 
 // Each kernel runs `iters` rounds of kChains independent instructions and returns a value
-// derived from the accumulators, so that the compiler keeps every instruction.
-// Ten named accumulators (an array would be kept in memory around the asm barrier).
+// derived from the accumulators, so that the compiler keeps every instruction; the
+// accumulators are ten named variables (an array would be kept in memory around the barrier).
 #define DOT_CHAINS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9)
 #define DOT_KEEP __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), \
                                   "+v"(a7), "+v"(a8), "+v"(a9))
