@@ -40,7 +40,7 @@ from chat_prompts import build_prompts  # noqa: E402
 from edit_prompts import edit_prompts  # noqa: E402
 from sonarspec_ext import LLM, SamplingParams, SpecConfig  # noqa: E402
 from sonarspec_ext.bench import cpu_info, rotated  # noqa: E402
-from sonarspec_ext.models.loader import QUANTIZATION_CHOICES  # noqa: E402
+from sonarspec_ext.params import QUANTIZATION_CHOICES  # noqa: E402
 from sonarspec_ext.train.data import is_validation  # noqa: E402
 
 

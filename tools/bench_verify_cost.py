@@ -22,7 +22,7 @@ import torch
 
 from sonarspec_ext import LLM, _C
 from sonarspec_ext.bench import SYNTHETIC_200M, cpu_info, make_synthetic_model, median_us, rotated
-from sonarspec_ext.models.loader import QUANTIZATION_CHOICES
+from sonarspec_ext.params import QUANTIZATION_CHOICES
 
 SIZES = (1, 2, 3, 4, 5, 8, 17)
 

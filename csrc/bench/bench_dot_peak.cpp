@@ -82,15 +82,14 @@ int main(int argc, char** argv) {
   using namespace sonarspec::bench;
   const Args args = parse_args(argc, argv, "bench_dot_peak");
   const long iters = args.quick ? 2000000 : 50000000;
-  struct Kernel { const char* name; const char* feature; int macs; float (*fn)(long); };
-  const Kernel kernels[] = {{"vpdpbusd_zmm", "avx512vnni", 64, vpdpbusd_loop},
-                            {"vdpbf16ps_zmm", "avx512bf16", 32, vdpbf16ps_loop}};
+  struct Kernel { const char* name; const char* feature; bool have; int macs; float (*fn)(long); };
+  const Kernel kernels[] = {
+      {"vpdpbusd_zmm", "avx512vnni", static_cast<bool>(__builtin_cpu_supports("avx512vnni")), 64, vpdpbusd_loop},
+      {"vdpbf16ps_zmm", "avx512bf16", static_cast<bool>(__builtin_cpu_supports("avx512bf16")), 32, vdpbf16ps_loop}};
   std::string json = "{\n \"threads\": " + std::to_string(args.threads) + ",\n \"kernels\": [";
   bool first = true;
   for (const Kernel& k : kernels) {
-    const bool have = std::string(k.feature) == "avx512vnni" ? __builtin_cpu_supports("avx512vnni")
-                                                             : __builtin_cpu_supports("avx512bf16");
-    if (!have) {
+    if (!k.have) {
       std::printf("%-14s skipped: the CPU lacks %s\n", k.name, k.feature);
       continue;
     }
