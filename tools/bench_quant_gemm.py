@@ -6,9 +6,14 @@ bandwidth measured in the same run (summing a 1 GiB buffer). Block matrices are 
 GGUF blocks (their values do not change the time). Median of the rounds.
 
     python tools/bench_quant_gemm.py [--d 4096] [--rows 1 2 4 8] [--mib 1024] [--json PATH] [--prefetch near far]
+                                     [--pages huge heap]
 
 ``--prefetch``: every format under each of the weight prefetch modes of the VDPBF16PS and VNNI
 kernels (``_C.set_weight_prefetch``; AMX tiles ignore it), interleaved round by round.
+``--pages``: where the matrices live - ``huge`` (the default): one buffer advised for 2 MiB
+pages, as the engine's weight arena (``models/weight_arena.py``); ``heap``: each matrix in its
+own allocation (4 KiB pages where the system's huge-page setting is "madvise"). Several: each
+measured, interleaved round by round.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import torch
 
 from sonarspec_ext import _C
 from sonarspec_ext.bench import cpu_info, read_bandwidth_gbs
+from sonarspec_ext.ops.host_memory import huge_page_empty
 from sonarspec_ext.ops.linear import kernel_linear, native_gemm_threads
 from sonarspec_ext.ops.quantized import QUANTIZED_FORMATS, QuantizedMatrix
 
@@ -43,6 +49,24 @@ def matrices(fmt: str, d: int, mib: int, rng) -> list:
     return [make() for _ in range(max(2, (mib << 20) // one))], one
 
 
+def placed(ws: list, pages: str) -> list:
+    """``ws`` as they are (``heap``) or copied into one buffer on huge pages (``huge``)."""
+    if pages == "heap":
+        return ws
+    raw = [w.data if isinstance(w, QuantizedMatrix) else w.view(-1).view(torch.uint8) for w in ws]
+    offsets = [0]
+    for r in raw:   # each matrix on a cache-line boundary
+        offsets.append(offsets[-1] + (r.numel() + 63) // 64 * 64)
+    arena = huge_page_empty(offsets[-1])
+    out = []
+    for w, r, o in zip(ws, raw, offsets):
+        buf = arena[o:o + r.numel()]
+        buf.copy_(r)
+        out.append(QuantizedMatrix(buf, w.format, w.shape) if isinstance(w, QuantizedMatrix)
+                   else buf.view(w.dtype).view(w.shape))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d", type=int, default=4096)
@@ -53,6 +77,9 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--prefetch", nargs="+", choices=["near", "far", "none"], default=None,
                     help="weight prefetch modes to compare (default: this CPU's)")
+    ap.add_argument("--pages", nargs="+", choices=["huge", "heap"], default=["huge"],
+                    help="the matrices in one huge-page buffer (as the engine's weights) or each in its own "
+                         "allocation (default: huge)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
@@ -65,34 +92,38 @@ def main() -> None:
             print(f"  {fmt:5s} skipped: its blocks take {cols} columns, which do not divide d {args.d}")
             continue
         ws, one = matrices(fmt, args.d, args.mib, rng)
-        modes = args.prefetch or [_C.weight_prefetch()]
+        layouts = {pages: placed(ws, pages) for pages in args.pages}
+        modes = [(mode, pages) for mode in (args.prefetch or [_C.weight_prefetch()]) for pages in args.pages]
         for m in args.rows:
             x = torch.randn(m, args.d)
-            times = {mode: [] for mode in modes}
+            times = {key: [] for key in modes}
             with native_gemm_threads():
-                for w in ws:   # warm-up
-                    kernel_linear(x, w)
+                for mats in layouts.values():   # warm-up
+                    for w in mats:
+                        kernel_linear(x, w)
                 for _ in range(args.rounds):
-                    for mode in modes:
+                    for mode, pages in modes:
                         _C.set_weight_prefetch(mode)
+                        mats = layouts[pages]
                         t0 = time.perf_counter()
-                        for w in ws:
+                        for w in mats:
                             kernel_linear(x, w)
-                        times[mode].append((time.perf_counter() - t0) / len(ws))
-            for mode in modes:
-                t = statistics.median(times[mode])
+                        times[(mode, pages)].append((time.perf_counter() - t0) / len(mats))
+            for mode, pages in modes:
+                t = statistics.median(times[(mode, pages)])
                 row = {"format": fmt, "rows": m, "bytes": one, "us": round(t * 1e6, 1),
                        "weight_gbs": round(one / t / 1e9, 2), "of_bandwidth": round(one / t / 1e9 / gbs, 3),
-                       "prefetch": mode}
+                       "prefetch": mode, "pages": pages}
                 rows.append(row)
-                print(f"  {fmt:5s} M {m}{f' {mode:4s}' if args.prefetch else ''}: {row['us']:8.1f} us per "
+                label = (f" {mode:4s}" if args.prefetch else "") + (f" {pages:4s}" if len(args.pages) > 1 else "")
+                print(f"  {fmt:5s} M {m}{label}: {row['us']:8.1f} us per "
                       f"matrix ({one / 2**20:5.1f} MiB), {row['weight_gbs']:5.1f} GB/s of weights = "
                       f"{row['of_bandwidth']:.0%} of the read bandwidth")
-        del ws
+        del ws, layouts
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"d": args.d, "threads": args.threads, "cpu": cpu_info(), "quant_kernel": _C.quant_kernel(),
-                       "read_bandwidth_gbs": round(gbs, 2), "mib": args.mib, "rounds": args.rounds,
+                       "read_bandwidth_gbs": round(gbs, 2), "mib": args.mib, "rounds": args.rounds, "pages": args.pages,
                        "torch": torch.__version__, "results": rows}, fh, indent=1)
 
 

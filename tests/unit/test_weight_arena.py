@@ -179,3 +179,29 @@ def test_memory_reports_weights_and_pools(llama_dir, heads, monkeypatch):
     assert len(pools) == 4 and m["kv_pool_bytes"] == sum(t.numel() * t.element_size() for t in pools)
     assert m["kv_pool_tokens"] == llm.engine.kv_cache.num_pages * llm.engine.kv_cache.page_size
     assert LLM(llama_dir).memory()["drafter_weight_bytes"] == 0
+
+
+def test_the_gemm_benchmark_places_its_matrices_on_one_huge_page_buffer_unchanged():
+    """tools/bench_quant_gemm.py's --pages huge: every matrix (block formats and bfloat16)
+    copied into one buffer, each on a cache-line boundary, giving the GEMM the same bits;
+    --pages heap: the matrices as they were."""
+    import numpy as np
+    from helpers.tools import import_tool
+    from sonarspec_ext.ops.linear import kernel_linear
+    bench = import_tool("bench_quant_gemm")
+    rng = np.random.default_rng(3)
+    for fmt in ("q4_1", "q6_k", "bf16"):
+        ws, _ = bench.matrices(fmt, 256, 0, rng)
+        if fmt == "q4_1":   # an odd size too: the next matrix must still start on a cache line
+            ws.append(bench.matrices(fmt, 96, 0, rng)[0][0])
+        huge = bench.placed(ws, "huge")
+        assert bench.placed(ws, "heap") is ws
+        starts = [w.data_ptr() for w in huge]
+        assert all(p % 64 == 0 for p in starts) and len(set(starts)) == len(ws)
+        base = min(starts)
+        assert max(starts) - base < sum(w.nbytes if fmt != "bf16" else w.numel() * 2 for w in ws) + 64 * len(ws)
+        for w, h in zip(ws, huge):
+            assert h.shape == w.shape and h is not w
+            x = torch.randn(3, w.shape[1])
+            # random blocks hold NaN / infinite scales: those columns must agree as NaN too
+            torch.testing.assert_close(kernel_linear(x, h), kernel_linear(x, w), rtol=0, atol=0, equal_nan=True)
