@@ -93,23 +93,23 @@ def main() -> None:
             continue
         ws, one = matrices(fmt, args.d, args.mib, rng)
         layouts = {pages: placed(ws, pages) for pages in args.pages}
-        modes = [(mode, pages) for mode in (args.prefetch or [_C.weight_prefetch()]) for pages in args.pages]
+        settings = [(mode, pages) for mode in (args.prefetch or [_C.weight_prefetch()]) for pages in args.pages]
         for m in args.rows:
             x = torch.randn(m, args.d)
-            times = {key: [] for key in modes}
+            times = {key: [] for key in settings}
             with native_gemm_threads():
                 for mats in layouts.values():   # warm-up
                     for w in mats:
                         kernel_linear(x, w)
                 for _ in range(args.rounds):
-                    for mode, pages in modes:
+                    for mode, pages in settings:
                         _C.set_weight_prefetch(mode)
                         mats = layouts[pages]
                         t0 = time.perf_counter()
                         for w in mats:
                             kernel_linear(x, w)
                         times[(mode, pages)].append((time.perf_counter() - t0) / len(mats))
-            for mode, pages in modes:
+            for mode, pages in settings:
                 t = statistics.median(times[(mode, pages)])
                 row = {"format": fmt, "rows": m, "bytes": one, "us": round(t * 1e6, 1),
                        "weight_gbs": round(one / t / 1e9, 2), "of_bandwidth": round(one / t / 1e9 / gbs, 3),
