@@ -11,9 +11,9 @@ GGUF blocks (their values do not change the time). Median of the rounds.
 ``--prefetch``: every format under each of the weight prefetch modes of the VDPBF16PS and VNNI
 kernels (``_C.set_weight_prefetch``; AMX tiles ignore it), interleaved round by round.
 ``--pages``: where the matrices live - ``huge`` (the default): one buffer advised for 2 MiB
-pages, as the engine's weight arena (``models/weight_arena.py``); ``heap``: each matrix in its
-own allocation (4 KiB pages where the system's huge-page setting is "madvise"). Several: each
-measured, interleaved round by round.
+pages, placed by the engine's weight arena (``models/weight_arena.py``); ``heap``: each matrix
+in its own allocation (4 KiB pages where the system's huge-page setting is "madvise").
+Several: each measured, interleaved round by round.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import torch
 
 from sonarspec_ext import _C
 from sonarspec_ext.bench import cpu_info, read_bandwidth_gbs
-from sonarspec_ext.ops.host_memory import huge_page_empty
+from sonarspec_ext.models.weight_arena import pack_weights
 from sonarspec_ext.ops.linear import kernel_linear, native_gemm_threads
 from sonarspec_ext.ops.quantized import QUANTIZED_FORMATS, QuantizedMatrix
 
@@ -50,21 +50,15 @@ def matrices(fmt: str, d: int, mib: int, rng) -> list:
 
 
 def placed(ws: list, pages: str) -> list:
-    """``ws`` as they are (``heap``) or copied into one buffer on huge pages (``huge``)."""
+    """``ws`` as they are (``heap``), or copies of them moved into one huge-page buffer by the
+    engine's own ``pack_weights`` (``huge``)."""
     if pages == "heap":
         return ws
-    raw = [w.data if isinstance(w, QuantizedMatrix) else w.view(-1).view(torch.uint8) for w in ws]
-    offsets = [0]
-    for r in raw:   # each matrix on a cache-line boundary
-        offsets.append(offsets[-1] + (r.numel() + 63) // 64 * 64)
-    arena = huge_page_empty(offsets[-1])
-    out = []
-    for w, r, o in zip(ws, raw, offsets):
-        buf = arena[o:o + r.numel()]
-        buf.copy_(r)
-        out.append(QuantizedMatrix(buf, w.format, w.shape) if isinstance(w, QuantizedMatrix)
-                   else buf.view(w.dtype).view(w.shape))
-    return out
+    holder = torch.nn.Module()
+    holder.weights = [QuantizedMatrix(w.data.clone(), w.format, w.shape) if isinstance(w, QuantizedMatrix)
+                      else w.clone() for w in ws]
+    pack_weights(holder)
+    return holder.weights
 
 
 def main() -> None:

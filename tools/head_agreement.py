@@ -26,7 +26,6 @@ vocabulary could add.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -37,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from chat_prompts import build_prompts  # noqa: E402
 from sonarspec_ext import LLM, SamplingParams, SpecConfig  # noqa: E402
-from sonarspec_ext.bench import cpu_info  # noqa: E402
+from sonarspec_ext.bench import cpu_info, write_json  # noqa: E402
 from sonarspec_ext.runtime.kv_cache import KVCache  # noqa: E402
 from sonarspec_ext.runtime.runner import ModelRunner  # noqa: E402
 from sonarspec_ext.train.data import is_validation  # noqa: E402
@@ -129,8 +128,7 @@ def main() -> None:
           f"{tf['first_and_second_draft']:.3f}; reply tokens in the draft vocabulary "
           f"{tf['reply_tokens_in_draft_vocab']:.3f}")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+        write_json(result, args.json)
 
 
 if __name__ == "__main__":
