@@ -18,14 +18,13 @@ per-round ratios to "separate".
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 
 import sonarspec_ext.models.loader as loader
 from sonarspec_ext import LLM, SamplingParams
-from sonarspec_ext.bench import cpu_info
+from sonarspec_ext.bench import cpu_info, write_json
 from sonarspec_ext.bench.spec import CHAT_QUESTIONS
 from sonarspec_ext.params import QUANTIZATION_CHOICES
 
@@ -96,10 +95,8 @@ def main() -> None:
             print(f"context {c:5d}  {name:10s}  {statistics.median(t):9.1f} us  {ratio:.3f}x separate's time")
     chat = chat_tok_s(engines, args.chat_rounds) if args.chat_rounds else []
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"cpu": cpu_info(), "model": args.model, "quantization": args.quantization,
-                       "rounds": args.rounds, "rows": rows, "chat_rounds": args.chat_rounds, "chat": chat}, fh,
-                      indent=2)
+        write_json({"cpu": cpu_info(), "model": args.model, "quantization": args.quantization,
+                    "rounds": args.rounds, "rows": rows, "chat_rounds": args.chat_rounds, "chat": chat}, args.json)
 
 
 if __name__ == "__main__":

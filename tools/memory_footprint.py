@@ -16,7 +16,7 @@ import json
 import torch
 
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
-from sonarspec_ext.bench import cpu_info
+from sonarspec_ext.bench import cpu_info, write_json
 from sonarspec_ext.models.weight_arena import module_weights, tensor_span, union_bytes
 from sonarspec_ext.ops.host_memory import return_freed_memory
 from sonarspec_ext.ops.quantized import QuantizedMatrix
@@ -72,8 +72,7 @@ def main() -> None:
         result["drafter"] = weight_parts(drafter)   # storages it shares with the target counted again
     print(json.dumps(result, indent=2))
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+        write_json(result, args.json)
 
 
 if __name__ == "__main__":
