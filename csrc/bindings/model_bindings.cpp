@@ -13,6 +13,7 @@
 #include "bindings.h"
 #include "sonarspec/decoder_stack.h"
 #include "sonarspec/stack_drafting.h"
+#include "sonarspec/stack_profile.h"
 
 namespace py = pybind11;
 
@@ -246,6 +247,18 @@ void bind_decoder_stack(py::module_& m) {
       .def("refill_chain", &DecoderStack::refill_chain,
            "A drafter's rows_forward, then each row's top token (or a draw) and a chain from it.")
       .def_property_readonly("num_layers", &DecoderStack::num_layers);
+  m.def("set_stack_profile", &set_stack_profile, py::arg("on"),
+        "Switches the native decoder stacks' phase profile on or off (stack_profile.h); empties it.");
+  m.def("take_stack_profile", [] {
+    py::list out;
+    for (const StackProfileRow& row : take_stack_profile()) {
+      py::dict seconds;
+      for (int p = 0; p < kStackPhases; ++p) seconds[stack_phase_names()[p]] = row.seconds[p];
+      out.append(py::dict(py::arg("layers") = row.layers, py::arg("rows") = row.rows,
+                          py::arg("forwards") = row.forwards, py::arg("seconds") = seconds));
+    }
+    return out;
+  }, "The stack phase profile so far, one dict per (layers, rows): forwards and seconds per phase; empties it.");
 }
 
 }  // namespace sonarspec

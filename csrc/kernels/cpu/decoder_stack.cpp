@@ -11,6 +11,7 @@
 #include "sonarspec/kv_store.h"
 #include "sonarspec/paged_attention.h"
 #include "sonarspec/small_gemm.h"
+#include "sonarspec/stack_profile.h"
 
 namespace sonarspec {
 namespace {
@@ -49,6 +50,7 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
     std::memcpy(cos.data() + t * half, w.cos_table + positions[t] * half, sizeof(float) * half);
     std::memcpy(sin.data() + t * half, w.sin_table + positions[t] * half, sizeof(float) * half);
   }
+  StackTimer timer(w.num_layers, m);
   h.resize(static_cast<size_t>(m * 2 * s.hidden));
   tmp.resize(static_cast<size_t>(m * s.hidden));
   if (w.fc.data != nullptr) {  // x = fc(cat(enorm(x), hnorm(features)))
@@ -74,6 +76,7 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
   v.resize(static_cast<size_t>(m * kv_dim));
   att.resize(static_cast<size_t>(m * q_dim));
   int64_t bad = 0;   // slots past the pools, and query tokens that read no key
+  timer.mark(StackPhase::kOther);
   for (int64_t l = 0; l < w.num_layers; ++l) {
     const DecoderLayerWeights& L = w.layers[l];
     const float* in = x;
@@ -81,6 +84,7 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
       rms_norm_cpu(x, L.input_norm, h.data(), m, s.hidden, s.eps);
       in = h.data();
     }
+    timer.mark(StackPhase::kNorm);
     if (L.qkv[1].data == nullptr) {
       small_gemm_any(in, L.qkv[0].data, L.qkv[0].format, L.qkv_bias, qkv.data(), m, qkv_dim, s.hidden, num_threads);
     } else {   // q, k, v in their own formats, their columns placed side by side
@@ -93,21 +97,27 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
           std::memcpy(qkv.data() + t * qkv_dim + col, part.data() + t * dims[p], sizeof(float) * dims[p]);
       }
     }
+    timer.mark(StackPhase::kQkv);
     gather_rows(qkv.data(), qkv_dim, qk.data(), m, qk_dim);   // cat(q, k) per token
     rope_cpu(qk.data(), cos.data(), sin.data(), qk_rot.data(), m, s.num_heads + s.num_kv_heads, s.head_dim);
     gather_rows(qk_rot.data(), qk_dim, q.data(), m, q_dim);
     gather_rows(qk_rot.data() + q_dim, qk_dim, k.data(), m, kv_dim);
     gather_rows(qkv.data() + qk_dim, qkv_dim, v.data(), m, kv_dim);
+    timer.mark(StackPhase::kRope);
     bad += kv_store_rows_cpu(k.data(), v.data(), L.k_pool, L.v_pool, s.kv_dtype, a.slot_mapping, m, kv_dim,
                              s.num_slots);
+    timer.mark(StackPhase::kKvStore);
     const int64_t no_keys = paged_attention_cpu(q.data(), L.k_pool, L.v_pool, s.kv_dtype, a.block_table, a.batch, a.max_pages,
                                                 a.page_size, a.token_seq, a.key_begin, a.key_end, a.tree_begin,
                                                 a.tree_mask, att.data(), m, s.num_heads, s.num_kv_heads, s.head_dim,
                                                 s.num_slots, s.scale, num_threads);
     bad += no_keys < 0 ? m : no_keys;
+    timer.mark(StackPhase::kAttention);
     small_gemm_any(att.data(), L.o.data, L.o.format, nullptr, tmp.data(), m, s.hidden, q_dim, num_threads);
     add_inplace(x, tmp.data(), m * s.hidden);
+    timer.mark(StackPhase::kOutProj);
     rms_norm_cpu(x, L.post_norm, h.data(), m, s.hidden, s.eps);
+    timer.mark(StackPhase::kNorm);
     small_mlp(h.data(), L.gate_up.data, L.gate_up.format, L.down.data, L.down.format, tmp.data(), m, s.hidden,
               s.inter, num_threads);
     add_inplace(x, tmp.data(), m * s.hidden);
@@ -116,12 +126,14 @@ int64_t decoder_stack_forward(const DecoderStackWeights& w, const DecoderShape& 
       for (int64_t t = 0; t < m; ++t)
         std::memcpy(capture.out + (t * capture.count + j) * s.hidden, x + t * s.hidden, sizeof(float) * s.hidden);
     }
+    timer.mark(StackPhase::kMlp);
   }
   if (w.final_norm != nullptr) {
     rms_norm_cpu(x, w.final_norm, out, m, s.hidden, s.eps);
   } else if (out != x) {
     std::memcpy(out, x, sizeof(float) * m * s.hidden);
   }
+  timer.mark(StackPhase::kOther);
   return bad;
 }
 
