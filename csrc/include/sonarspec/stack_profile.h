@@ -15,7 +15,7 @@ namespace sonarspec {
 enum class StackPhase : int { kNorm, kQkv, kRope, kKvStore, kAttention, kOutProj, kMlp, kOther, kCount };
 constexpr int kStackPhases = static_cast<int>(StackPhase::kCount);
 
-// The names stack_profile_names() gives the phases, in StackPhase order.
+// The phases' names (the keys of take_stack_profile's rows in Python), in StackPhase order.
 const std::array<const char*, kStackPhases>& stack_phase_names();
 
 struct StackProfileRow {
