@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 import time
 
@@ -34,7 +33,7 @@ import sonarspec_ext.runtime.runner as runner_mod
 import sonarspec_ext.ops.decoder_stack as decoder_stack
 import sonarspec_ext.spec.chains as chains_mod
 from sonarspec_ext import LLM, SamplingParams, _C
-from sonarspec_ext.bench import cpu_info, rotated
+from sonarspec_ext.bench import cpu_info, rotated, write_json
 from sonarspec_ext.bench.spec import PROMPTS, scheme_config
 from sonarspec_ext.models.llama import LlamaForCausalLM
 
@@ -120,10 +119,9 @@ def main() -> None:
                 split = "  ".join(f"{k} {v:.0f}" for k, v in p["us_per_forward"].items())
                 print(f"    {p['layers']:2d} layers x {p['rows']:2d} rows, {p['forwards']:5d} forwards, us each: {split}")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"threads": torch.get_num_threads(), "cpu": cpu_info(), "max_tokens": args.max_tokens, "rounds": args.rounds,
-                       "temperature": args.temperature,
-                       "prompts": len(PROMPTS), "schemes": out}, fh, indent=1)
+        write_json({"threads": torch.get_num_threads(), "cpu": cpu_info(), "max_tokens": args.max_tokens,
+                    "rounds": args.rounds, "temperature": args.temperature, "prompts": len(PROMPTS), "schemes": out},
+                   args.json)
 
 
 def _phase_table(profile_rows):

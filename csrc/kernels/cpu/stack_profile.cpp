@@ -52,7 +52,7 @@ StackTimer::~StackTimer() {
   StackProfileRow& sum = g_table[{row_.layers, row_.rows}];
   sum.layers = row_.layers;
   sum.rows = row_.rows;
-  sum.forwards += 1;
+  sum.forwards += row_.forwards;
   for (int p = 0; p < kStackPhases; ++p) sum.seconds[p] += row_.seconds[p];
 }
 
