@@ -15,14 +15,13 @@ itself at a few hundred keys).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 
 from sonarspec_ext import ops
-from sonarspec_ext.bench import cpu_info
+from sonarspec_ext.bench import cpu_info, write_json
 from sonarspec_ext.ops.linear import native_gemm_threads
 from sonarspec_ext.ops.paged_attention import paged_attention_cpu_into
 
@@ -82,9 +81,8 @@ def main() -> None:
                 print(f"{name:8s} context {context:5d} tokens {tokens:2d}: {ms:7.2f} ms per step "
                       f"({kv_mb:.1f} MB of keys and values)")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"cpu": cpu_info(), "threads": args.threads, "layers": args.layers, "heads": args.heads,
-                       "kv_heads": args.kv_heads, "head_dim": args.head_dim, "rows": rows}, fh, indent=1)
+        write_json({"cpu": cpu_info(), "threads": args.threads, "layers": args.layers, "heads": args.heads,
+                    "kv_heads": args.kv_heads, "head_dim": args.head_dim, "rows": rows}, args.json)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ measures), else speculating every step.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -39,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from chat_prompts import build_prompts  # noqa: E402
 from edit_prompts import edit_prompts  # noqa: E402
 from sonarspec_ext import LLM, SamplingParams, SpecConfig  # noqa: E402
-from sonarspec_ext.bench import cpu_info, rotated  # noqa: E402
+from sonarspec_ext.bench import cpu_info, rotated, write_json  # noqa: E402
 from sonarspec_ext.params import QUANTIZATION_CHOICES  # noqa: E402
 from sonarspec_ext.train.data import is_validation  # noqa: E402
 
@@ -131,14 +130,13 @@ def main() -> None:
               f"{r['drafted_per_step']:.2f} drafts per step"
               + (f"; steps per draft length {r['adaptive_steps']}" if "adaptive_steps" in r else ""))
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"model": args.model, "workload": args.workload, "heads": args.heads,
-                       "head_quantization": args.head_quantization, "adaptive": args.adaptive,
-                       "prompts": len(items),
-                       "max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
-                       "top_k": args.top_k,
-                       "draft_sampling": args.draft_sampling, **penalties, "output_tokens": tokens, "cpu": cpu_info(),
-                       "rows": rows}, fh, indent=1)
+        write_json({"model": args.model, "workload": args.workload, "heads": args.heads,
+                    "head_quantization": args.head_quantization, "adaptive": args.adaptive,
+                    "prompts": len(items),
+                    "max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                    "top_k": args.top_k,
+                    "draft_sampling": args.draft_sampling, **penalties, "output_tokens": tokens, "cpu": cpu_info(),
+                    "rows": rows}, args.json)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,11 @@ F.linear in the same run: d x d weights, M rows, median of 5 timed batches.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import torch.nn.functional as F
 
-from sonarspec_ext.bench import median_us
+from sonarspec_ext.bench import median_us, write_json
 from sonarspec_ext.ops.linear import native_gemm_threads, kernel_linear
 
 
@@ -39,8 +38,7 @@ def main() -> None:
             print(f"d {d:5d} M {m}: F.linear {torch_us:8.1f} us | native float32 {f32_us:8.1f} us "
                   f"({torch_us / f32_us:.2f}x) | native bfloat16 weights {bf16_us:8.1f} us ({torch_us / bf16_us:.2f}x)")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"threads": args.threads, "torch": torch.__version__, "results": rows}, fh, indent=1)
+        write_json({"threads": args.threads, "torch": torch.__version__, "results": rows}, args.json)
 
 
 if __name__ == "__main__":

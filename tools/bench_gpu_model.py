@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -30,7 +29,7 @@ import numpy as np
 import torch
 
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
-from sonarspec_ext.bench import LLAMA31_8B, SMOLLM2_135M, SYNTHETIC_30M, synthetic_config_dir
+from sonarspec_ext.bench import LLAMA31_8B, SMOLLM2_135M, SYNTHETIC_30M, synthetic_config_dir, write_json
 from sonarspec_ext.ops.cuda_events import median_event_ms
 from sonarspec_ext.ops.cuda_gemm_choice import chosen
 from sonarspec_ext.runtime.cuda_graphs import StepGraphs
@@ -231,8 +230,7 @@ def main() -> None:
     def save():   # after every part: a run cut short keeps what it measured
         out["gemm_choices"] = {str(k[:3]): v for k, v in chosen().items()}
         if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(out, fh, indent=1)
+            write_json(out, args.json)
     save()
     if "decode" in args.parts:
         out["decode"] = []

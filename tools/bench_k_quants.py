@@ -14,7 +14,6 @@ here, not the text (greedy agreement with llama.cpp is reported, not asserted).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -25,7 +24,7 @@ import torch
 
 from sonarspec_ext import LLM, SamplingParams, _C
 from sonarspec_ext.assets import resolve
-from sonarspec_ext.bench import SYNTHETIC_200M, cpu_info, read_bandwidth_gbs, weight_bytes
+from sonarspec_ext.bench import SYNTHETIC_200M, cpu_info, read_bandwidth_gbs, weight_bytes, write_json
 from sonarspec_ext.bench.quantized import _llama_cpp
 from sonarspec_ext.models.gguf import gguf_file
 from sonarspec_ext.models.loader import quantized_formats
@@ -136,10 +135,9 @@ def main() -> None:
               f"llama.cpp {lc['tok_s']} | auto {row['auto_vs_llama_cpp']:.2f}x llama.cpp, {row['auto_vs_none']:.2f}x "
               f"none | greedy agreement {row['greedy_agreement_with_llama_cpp']}")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"shape": SYNTHETIC_200M, "threads": threads, "cpu": cpu_info(), "quant_kernel": _C.quant_kernel(),
-                       "read_bandwidth_gbs": round(gbs, 2), "max_tokens": args.max_tokens, "repeats": args.repeats,
-                       "num_prompts": len(prompts), "torch": torch.__version__, "results": rows}, fh, indent=1)
+        write_json({"shape": SYNTHETIC_200M, "threads": threads, "cpu": cpu_info(), "quant_kernel": _C.quant_kernel(),
+                    "read_bandwidth_gbs": round(gbs, 2), "max_tokens": args.max_tokens, "repeats": args.repeats,
+                    "num_prompts": len(prompts), "torch": torch.__version__, "results": rows}, args.json)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ import time
 import torch
 
 from sonarspec_ext.assets import resolve
+from sonarspec_ext.bench import write_json
 from sonarspec_ext.models.loader import checkpoint_fingerprint, load_model, load_tokenizer
 from sonarspec_ext.models.mtp import MTPHead
 from sonarspec_ext.train.data import read_corpus
@@ -85,10 +85,9 @@ def main() -> None:
         print(f"{name:>20}: {tok_s:8.1f} tokens/s  ({tok_s / base:.2f}x)")
     print(f"draft vocabulary of {args.draft_vocab}: {coverage:.1%} of the data's tokens", file=sys.stderr)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"target": target_dir, "unroll": args.unroll, "batch_size": args.batch_size,
-                       "seq_len": args.seq_len, "threads": torch.get_num_threads(), "draft_vocab": args.draft_vocab,
-                       "draft_vocab_coverage": coverage, "tokens_per_s": results}, fh, indent=1)
+        write_json({"target": target_dir, "unroll": args.unroll, "batch_size": args.batch_size,
+                    "seq_len": args.seq_len, "threads": torch.get_num_threads(), "draft_vocab": args.draft_vocab,
+                    "draft_vocab_coverage": coverage, "tokens_per_s": results}, args.json)
 
 
 if __name__ == "__main__":

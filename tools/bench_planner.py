@@ -10,13 +10,13 @@ the next step planned ahead on the planner's thread versus planned inside the st
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import numpy as np
 
 from sonarspec_ext import _C
+from sonarspec_ext.bench import write_json
 from sonarspec_ext.testing.reference_planner import ReferencePlanner, build_metadata_reference
 
 PAGE = 16
@@ -70,8 +70,7 @@ def main() -> None:
                   f"({python / native:5.1f}x)")
     engine_rows = bench_engine(rounds=2 if args.quick else 5)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"results": rows, "engine": engine_rows}, fh, indent=1)
+        write_json({"results": rows, "engine": engine_rows}, args.json)
 
 
 def bench_engine(rounds: int) -> list:

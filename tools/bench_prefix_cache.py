@@ -17,12 +17,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
-from sonarspec_ext.bench import cpu_info
+from sonarspec_ext.bench import cpu_info, write_json
 from sonarspec_ext.bench.spec import CHAT_QUESTIONS
 from sonarspec_ext.params import QUANTIZATION_CHOICES
 
@@ -134,8 +133,7 @@ def main() -> None:
               f"({b['wall_ratio']:.2f}x), median TTFT {c['ttft_ms']:.0f} vs {u['ttft_ms']:.0f} ms; "
               f"{c['cached_tokens']} of {c['prompt_tokens']} prompt tokens from the cache")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
+        write_json(result, args.json)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Several: each measured, interleaved round by round.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -27,7 +26,7 @@ import numpy as np
 import torch
 
 from sonarspec_ext import _C
-from sonarspec_ext.bench import cpu_info, read_bandwidth_gbs
+from sonarspec_ext.bench import cpu_info, read_bandwidth_gbs, write_json
 from sonarspec_ext.models.weight_arena import pack_weights
 from sonarspec_ext.ops.linear import kernel_linear, native_gemm_threads
 from sonarspec_ext.ops.quantized import QUANTIZED_FORMATS, QuantizedMatrix
@@ -115,10 +114,9 @@ def main() -> None:
                       f"{row['of_bandwidth']:.0%} of the read bandwidth")
         del ws, layouts
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"d": args.d, "threads": args.threads, "cpu": cpu_info(), "quant_kernel": _C.quant_kernel(),
-                       "read_bandwidth_gbs": round(gbs, 2), "mib": args.mib, "rounds": args.rounds, "pages": args.pages,
-                       "torch": torch.__version__, "results": rows}, fh, indent=1)
+        write_json({"d": args.d, "threads": args.threads, "cpu": cpu_info(), "quant_kernel": _C.quant_kernel(),
+                    "read_bandwidth_gbs": round(gbs, 2), "mib": args.mib, "rounds": args.rounds, "pages": args.pages,
+                    "torch": torch.__version__, "results": rows}, args.json)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ SmolLM2's logits; same inputs, same run; median of 5 batches.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
 from sonarspec_ext import ops
-from sonarspec_ext.bench import median_us
+from sonarspec_ext.bench import median_us, write_json
 from sonarspec_ext.ops.sampling import processed_probs, processed_probs_reference
 from sonarspec_ext.testing.reference import chain_speculative_sampling_reference, tree_speculative_sampling_reference
 from sonarspec_ext.params import SamplingParams
@@ -71,9 +70,8 @@ def main() -> None:
               f"({reference / native:6.1f}x)")
     processed = processed_rows(args.quick)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"threads": torch.get_num_threads(), "torch": torch.__version__, "results": rows,
-                       "trees": trees, "processed_probs": processed}, fh, indent=1)
+        write_json({"threads": torch.get_num_threads(), "torch": torch.__version__, "results": rows,
+                    "trees": trees, "processed_probs": processed}, args.json)
 
 
 def processed_rows(quick: bool):

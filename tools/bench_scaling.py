@@ -10,7 +10,6 @@ and prefill speed.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -18,7 +17,7 @@ import torch
 
 from sonarspec_ext.params import QUANTIZATION_CHOICES
 from sonarspec_ext import LLM, SamplingParams
-from sonarspec_ext.bench import cpu_info, median_us
+from sonarspec_ext.bench import cpu_info, median_us, write_json
 
 
 def throughput(llm: LLM, batch: int, max_tokens: int, repeats: int) -> float:
@@ -101,8 +100,7 @@ def main() -> None:
     info = {"model": llm.engine.model_config.architecture, "prefill": prefill, "source": args.model, "threads": torch.get_num_threads(), "cpu": cpu_info(),
             "kv_dtype": str(llm.engine.kv_cache.k.dtype).replace("torch.", ""), "batch": batch, "context": context}
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(info, fh, indent=1)
+        write_json(info, args.json)
     if args.plot:
         import matplotlib
         matplotlib.use("Agg")

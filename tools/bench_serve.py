@@ -32,7 +32,7 @@ import httpx
 
 from sonarspec_ext.params import QUANTIZATION_CHOICES
 from sonarspec_ext import LLM, SpecConfig
-from sonarspec_ext.bench import cpu_info
+from sonarspec_ext.bench import cpu_info, write_json
 from sonarspec_ext.bench.spec import CHAT_QUESTIONS
 from sonarspec_ext.cli import DEFAULT_LOOKUP_DRAFT_TOKENS
 from sonarspec_ext.server.app import create_app
@@ -214,9 +214,8 @@ def main() -> None:
     if clients is not None:
         clients.close()
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"model": args.model, "max_tokens": args.max_tokens, "spec_max_batch": args.spec_max_batch,
-                       "cpu": cpu_info(), "rows": rows}, fh, indent=1)
+        write_json({"model": args.model, "max_tokens": args.max_tokens, "spec_max_batch": args.spec_max_batch,
+                    "cpu": cpu_info(), "rows": rows}, args.json)
     if args.plot and not plot(rows, args.plot):
         print("bench_serve: matplotlib is not installed; no chart written")
 

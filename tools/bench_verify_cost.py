@@ -14,14 +14,13 @@ same run. CPU float32 activations by default; ``--device cuda --dtype bfloat16``
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 
 import torch
 
 from sonarspec_ext import LLM, _C
-from sonarspec_ext.bench import SYNTHETIC_200M, cpu_info, make_synthetic_model, median_us, rotated
+from sonarspec_ext.bench import SYNTHETIC_200M, cpu_info, make_synthetic_model, median_us, rotated, write_json
 from sonarspec_ext.params import QUANTIZATION_CHOICES
 
 SIZES = (1, 2, 3, 4, 5, 8, 17)
@@ -94,9 +93,8 @@ def main() -> None:
                     results.append({"model": name, "params": params, "context": c, "tokens": T, "prefetch": m,
                                     "forward_us": round(us, 1), "vs_decode": round(us / base, 3)})
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"context": args.context, "threads": torch.get_num_threads(), "cpu": cpu_info(), "device": args.device,
-                       "dtype": args.dtype, "quantization": args.quantization, "results": results}, fh, indent=1)
+        write_json({"context": args.context, "threads": torch.get_num_threads(), "cpu": cpu_info(),
+                    "device": args.device, "dtype": args.dtype, "quantization": args.quantization, "results": results}, args.json)
     if tmp is not None:
         tmp.cleanup()
 

@@ -9,8 +9,8 @@ greedy, in one process - acceptance per draft position, tau and speed-up per hea
 from __future__ import annotations
 
 import argparse
-import json
 
+from sonarspec_ext.bench import write_json
 from sonarspec_ext.bench.spec import bench_spec
 from sonarspec_ext.params import QUANTIZATION_CHOICES
 
@@ -38,8 +38,7 @@ def main() -> None:
             acc = " ".join(f"{a:.3f}" for a in x["accepted_per_position"] or [])
             print(f"{head}: {x['scheme']:8s} {x['tok_s']:7.1f} tok/s  {x['speedup']:.3f}x  tau {x['tau']:.3f}  {acc}")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+        write_json(out, args.json)
 
 
 if __name__ == "__main__":

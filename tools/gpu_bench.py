@@ -13,6 +13,7 @@ import os
 import torch
 
 from sonarspec_ext import ops
+from sonarspec_ext.bench import write_json
 from sonarspec_ext.ops.cuda_events import median_event_ms
 
 
@@ -120,9 +121,7 @@ def main() -> None:
     for r in rows:
         print(json.dumps(r))
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": rows}, fh,
-                      indent=1)
+        write_json({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": rows}, args.json)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,13 @@ operators with the most host time.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from sonarspec_ext import LLM, SamplingParams
+from sonarspec_ext.bench import write_json
 from sonarspec_ext.bench.spec import PROMPTS, scheme_config
 
 
@@ -83,10 +83,9 @@ def main() -> None:
         for o in r["top_host_ops"]:
             print(f"    {o['op']:<40} {o['calls_per_step']:>7} calls  {o['self_cpu_us_per_step']:>8} us/step")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"dtype": args.dtype, "cuda_graphs": args.cuda_graphs, "torch": torch.__version__,
-                       "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                       "results": rows}, f, indent=1)
+        write_json({"dtype": args.dtype, "cuda_graphs": args.cuda_graphs, "torch": torch.__version__,
+                    "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                    "results": rows}, args.json)
 
 
 if __name__ == "__main__":
