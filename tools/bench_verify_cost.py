@@ -94,7 +94,8 @@ def main() -> None:
                                     "forward_us": round(us, 1), "vs_decode": round(us / base, 3)})
     if args.json:
         write_json({"context": args.context, "threads": torch.get_num_threads(), "cpu": cpu_info(),
-                    "device": args.device, "dtype": args.dtype, "quantization": args.quantization, "results": results}, args.json)
+                    "device": args.device, "dtype": args.dtype, "quantization": args.quantization,
+                    "results": results}, args.json)
     if tmp is not None:
         tmp.cleanup()
 

@@ -117,7 +117,8 @@ def main() -> None:
             o["stack_phases"] = _phase_table(phases[scheme])
             for p in _most_run(o["stack_phases"]):
                 split = "  ".join(f"{k} {v:.0f}" for k, v in p["us_per_forward"].items())
-                print(f"    {p['layers']:2d} layers x {p['rows']:2d} rows, {p['forwards']:5d} forwards, us each: {split}")
+                print(f"    {p['layers']:2d} layers x {p['rows']:2d} rows, {p['forwards']:5d} forwards, "
+                      f"us each: {split}")
     if args.json:
         write_json({"threads": torch.get_num_threads(), "cpu": cpu_info(), "max_tokens": args.max_tokens,
                     "rounds": args.rounds, "temperature": args.temperature, "prompts": len(PROMPTS), "schemes": out},
