@@ -21,7 +21,7 @@ from ..engine.spec_control import SpeculationControl, chain_tokens
 
 @dataclass(frozen=True)
 class NoisyMachine:
-    fixed: float          # seconds of a plain decoding step
+    fixed: float          # seconds of a step besides its rows and drafts
     per_row: float        # seconds each verified row adds
     per_draft: float      # seconds each drafted token adds (the drafter)
     acceptance: float     # each draft kept with this probability given the ones before
