@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from ..engine.spec_control import SpeculationControl, chain_tokens
 
@@ -29,10 +29,13 @@ class NoisyMachine:
     stall_rate: float = 0.2
     stall: Tuple[float, float] = (1.5, 3.0)
 
+    def seconds(self, k: int) -> float:
+        """A step drafting ``k`` tokens without noise."""
+        return self.fixed + self.per_row * (1 + k) + self.per_draft * k
+
     def step(self, rng: random.Random, k: int) -> Tuple[float, int]:
         """(seconds, tokens) of one step drafting ``k`` tokens."""
-        seconds = (self.fixed + self.per_row * (1 + k) + self.per_draft * k) * rng.uniform(1 - self.jitter,
-                                                                                           1 + self.jitter)
+        seconds = self.seconds(k) * rng.uniform(1 - self.jitter, 1 + self.jitter)
         if rng.random() < self.stall_rate:
             seconds *= rng.uniform(*self.stall)
         tokens = 1
@@ -42,7 +45,7 @@ class NoisyMachine:
 
     def expected_rate(self, k: int) -> float:
         """Tokens per second of draft length ``k`` without noise."""
-        return chain_tokens(self.acceptance, k) / (self.fixed + self.per_row * (1 + k) + self.per_draft * k)
+        return chain_tokens(self.acceptance, k) / self.seconds(k)
 
     def best_length(self, modes: Sequence[int]) -> int:
         return max(modes, key=self.expected_rate)
@@ -61,27 +64,30 @@ MACHINES = {
 }
 
 
+def _throughput(machine: NoisyMachine, seed: int, steps: int, control: Optional[SpeculationControl],
+                k: int = 0) -> float:
+    """Tokens per second over ``steps`` steps, each drafting ``control.mode`` tokens (the step
+    then recorded by it) or, without a control, ``k``."""
+    rng = random.Random(seed)
+    seconds = tokens = 0.0
+    for _ in range(steps):
+        mode = k if control is None else control.mode
+        s, t = machine.step(rng, mode)
+        seconds, tokens = seconds + s, tokens + t
+        if control is not None:
+            control.record(s, t, measured=True, accepted=[t - 1] if mode else None)
+    return tokens / seconds
+
+
 def controlled_throughput(machine: NoisyMachine, seed: int, steps: int, modes: Sequence[int] = MODES,
                           pool_acceptance: bool = True) -> float:
     """Tokens per second over ``steps`` steps run by a fresh ``SpeculationControl``."""
-    rng, control = random.Random(seed), SpeculationControl(modes=modes, pool_acceptance=pool_acceptance)
-    seconds = tokens = 0.0
-    for _ in range(steps):
-        k = control.mode
-        s, t = machine.step(rng, k)
-        seconds, tokens = seconds + s, tokens + t
-        control.record(s, t, measured=True, accepted=[t - 1] if k else None)
-    return tokens / seconds
+    return _throughput(machine, seed, steps, SpeculationControl(modes=modes, pool_acceptance=pool_acceptance))
 
 
 def fixed_throughput(machine: NoisyMachine, seed: int, steps: int, k: int) -> float:
     """Tokens per second over ``steps`` steps all drafting ``k`` tokens."""
-    rng = random.Random(seed)
-    seconds = tokens = 0.0
-    for _ in range(steps):
-        s, t = machine.step(rng, k)
-        seconds, tokens = seconds + s, tokens + t
-    return tokens / seconds
+    return _throughput(machine, seed, steps, None, k)
 
 
 def relative_throughputs(machine: NoisyMachine, seeds: int, steps: int, modes: Sequence[int] = MODES,
