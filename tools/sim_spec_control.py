@@ -9,8 +9,11 @@ controller's choices alone, where a real run's noise would hide them.
 
 The machines are ``noisy_steps.MACHINES`` (seconds per step: fixed + per verified row + per
 drafted token; acceptance per draft): SmolLM2 Q4_1 on a 2-core AMD Zen 4 VM as
-`tools/profile_spec.py` measured it (K = 2 best, 1.33x plain), one where rows are nearly
-free (K = 4 best) and one where they cost most of a step (plain decoding best).
+`tools/profile_spec.py` measured it (K = 2 best, 1.33x plain), the same with lookup drafts in
+a fifth of the drafting steps, one where rows are nearly free (K = 4 best) and one where
+they cost most of a step (plain decoding best). Each runs twice: ``pooled`` True is the
+control as the engine runs it (acceptance per position pooled over the modes, lookup steps
+measured apart), False takes each mode's steps as measured, lookup steps included.
 """
 from __future__ import annotations
 

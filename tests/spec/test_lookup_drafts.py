@@ -7,6 +7,7 @@ import pytest
 
 import sonarspec_ext.spec.chain_drafter as chain_drafter
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
+from sonarspec_ext.engine.spec_control import SpeculationControl
 from sonarspec_ext.spec.lookup import ContextIndex, LookupDrafts
 
 from helpers.models import VOCAB
@@ -90,6 +91,30 @@ def test_greedy_output_equals_plain_decoding(method, heads, draft_dir, llama_dir
     assert without.stats()["num_lookup_steps"] == 0
     assert llm.engine.planner.num_free_pages == llm.engine.kv_cache.num_pages
     assert not llm.engine.proposer.lookups.indexes   # finished sequences leave no index behind
+
+
+def test_the_adaptive_control_measures_lookup_steps_apart(llama_dir, heads, plain_greedy, monkeypatch):
+    """Under the adaptive control, the engine tells it which sequences drafted from the
+    context - as many as the requests' own statistics count - and those steps reach its
+    lookup measurements (engine/lookup_steps.py); the output stays plain decoding's."""
+    told = []
+    record = SpeculationControl.record
+
+    def counting(self, *args, lookup=None, **kwargs):
+        told.append(sum(lookup or []))
+        return record(self, *args, lookup=lookup, **kwargs)
+
+    monkeypatch.setattr(SpeculationControl, "record", counting)
+    ps = repetitive_prompts(6, seed=7)
+    llm = LLM(llama_dir, spec=SpecConfig(method="mtp", draft=heads["trained"], num_draft_tokens=2,
+                                         lookup_draft_tokens=6), adaptive_speculation=True)
+    for bs in (1, 6):
+        assert [o.token_ids for o in llm.generate(ps[:bs], GREEDY)] == plain_greedy(ps[:bs], GREEDY)
+    controls = llm.engine.spec_control.classes.values()
+    looked = sum(c.lookup_steps.samples for c in controls)
+    assert _lookup_steps(llm) > 0 and looked > 0
+    assert sum(told) == llm.stats()["num_lookup_steps"]
+    assert all(0 <= c.lookup_steps.share <= 1 for c in controls)
 
 
 def test_lookup_drafts_stop_at_max_tokens_and_the_context():

@@ -4,7 +4,8 @@ never changes tokens."""
 import pytest
 
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
-from sonarspec_ext.engine.spec_control import BatchSpeculationControl, SpeculationControl, geometric_acceptance
+from sonarspec_ext.engine.draft_acceptance import geometric_acceptance
+from sonarspec_ext.engine.spec_control import BatchSpeculationControl, SpeculationControl
 
 
 def simulate(spec_tok_s: float, plain_tok_s: float, steps: int = 3000) -> SpeculationControl:
@@ -255,20 +256,3 @@ def test_a_large_class_starts_plain_after_a_lone_stream_chose_drafts():
         one.record(0.01, 3, measured=True)
     assert one.rates[4] is not None and one.model() is None
     assert c.for_batch(64).mode == 0 and c.for_batch(2).mode == 4
-
-
-def test_without_pooled_acceptance_the_rates_are_the_measured_tokens():
-    """Steps that draft past their mode's length (lookup drafts) give more tokens than the
-    mode's positions can account for: with pool_acceptance off each rate is the tokens the
-    steps measured over their seconds - the pooled estimate would cap mode 1 at 2 tokens a
-    step and lose it to plain decoding."""
-    def lookup_world(k):   # mode 1: 5 tokens in 25 ms (200 tok/s, long lookup drafts); plain 1 in 10 ms
-        return (0.025, 5) if k else (0.010, 1)
-
-    for pool, winner in ((False, 1), (True, 0)):
-        c = SpeculationControl(modes=(1, 0), pool_acceptance=pool)
-        for _ in range(400):
-            seconds, tokens = lookup_world(c.mode)
-            c.record(seconds, tokens, measured=True, accepted=[tokens - 1])
-        assert c.winner == winner, pool
-        assert c.rates[1] == pytest.approx((5 if not pool else 2) / 0.025)

@@ -13,6 +13,26 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 
+def chain_tokens(acceptance: float, k: int) -> float:
+    """Tokens per step of K drafts each kept with probability ``acceptance`` given the ones
+    before: ``1 + a + ... + a^K``."""
+    return sum(acceptance ** i for i in range(k + 1))
+
+
+def geometric_acceptance(tokens: float, k: int) -> float:
+    """The per-token acceptance a at which K drafts give ``tokens`` per step on average
+    (``chain_tokens``; solved by bisection, clamped to [0, 0.999])."""
+    lo, hi = 0.0, 0.999
+    if tokens <= 1.0:
+        return lo
+    if tokens >= chain_tokens(hi, k):
+        return hi
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if chain_tokens(mid, k) < tokens else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 class DraftAcceptance:
     """Per draft position i, the share p_i of (sequence, step) samples of draft lengths >= i
     that kept i drafts or more - a sequence that drafted fewer (stopped early, or capped

@@ -95,10 +95,8 @@ class Engine:
         self._next_plan = None   # PlanHandle of the step planned ahead (async_planning)
         self.step_context = StepContext()   # the running step's, handed to the proposer after it
         speculating = self.spec.method != "none"
-        # lookup drafts run past the modes' chain lengths: their tokens per step are measured,
-        # not pooled from the chains' acceptance per position
         self.spec_control = (BatchSpeculationControl(modes=self._adaptive_modes(),
-                                                     pool_acceptance=not self.spec.lookup_draft_tokens)
+                                                     lookup_drafts=self.spec.lookup_draft_tokens > 0)
                              if c.adaptive_speculation and speculating else None)
         self.num_steps = 0
         # steps with decoding sequences of a speculating engine: drafted for some, or paused by
@@ -260,7 +258,8 @@ class Engine:
         if control is not None and decoding:
             gained = [seq.num_tokens - n for seq, n in zip(decoding, before)]
             control.record(time.perf_counter() - t0, sum(gained), measured=len(decoding) == len(batch),
-                           sequences=len(decoding), accepted=[max(g - 1, 0) for g in gained])
+                           sequences=len(decoding), accepted=[max(g - 1, 0) for g in gained],
+                           lookup=[seq.seq_id in drafts and drafts[seq.seq_id].lookup for seq in decoding])
         if self.config.enable_prefix_caching:
             self._cache_full_pages(batch)
         if self._plan_ahead_possible():

@@ -29,8 +29,9 @@ seconds averaged over the decode-only steps it ran (steps that also prefill are 
 comparable and are not measured) and over its phases with weight ``decay`` on the past; the
 tokens likewise until the first draft position has been seen often enough, then from the
 acceptance per position pooled over all draft lengths (``DraftAcceptance``: a probe of a
-few steps would otherwise rank lengths by the luck of its drafts) - except for drafters whose
-steps may draft more than the mode's length (lookup drafts), whose tokens stay measured. Every mode gives the
+few steps would otherwise rank lengths by the luck of its drafts). Steps that drafted from
+the context (lookup drafts, as long as the repetition whatever the mode) are measured apart
+and enter every draft length's rate at their share (``LookupSteps``). Every mode gives the
 same tokens (speculation is lossless), so the choice only moves speed: at worst a probe's
 share of steps runs a slower mode.
 """
@@ -38,34 +39,16 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .draft_acceptance import DraftAcceptance
-
-
-def chain_tokens(acceptance: float, k: int) -> float:
-    """Tokens per step of K drafts each kept with probability ``acceptance`` given the ones
-    before: ``1 + a + ... + a^K``."""
-    return sum(acceptance ** i for i in range(k + 1))
-
-
-def geometric_acceptance(tokens: float, k: int) -> float:
-    """The per-token acceptance a at which K drafts give ``tokens`` per step on average
-    (``chain_tokens``; solved by bisection, clamped to [0, 0.999])."""
-    lo, hi = 0.0, 0.999
-    if tokens <= 1.0:
-        return lo
-    if tokens >= chain_tokens(hi, k):
-        return hi
-    for _ in range(40):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if chain_tokens(mid, k) < tokens else (lo, mid)
-    return 0.5 * (lo + hi)
+from .draft_acceptance import DraftAcceptance, chain_tokens, geometric_acceptance
+from .lookup_steps import LookupSteps
 
 
 class SpeculationControl:
     def __init__(self, modes: Sequence[int] = (1, 0), phase_steps: int = 16, probe_steps: int = 4,
                  max_phase_steps: int = 512, decay: float = 0.5, margin: float = 0.15, pool_acceptance: bool = True):
-        """``pool_acceptance`` False: each mode's tokens per step as measured, never from the
-        pooled acceptance (a drafter whose steps may draft past the mode's length)."""
+        """``pool_acceptance`` False: each mode's rate is its steps' tokens over their seconds
+        as measured, lookup steps included - nothing pooled across modes (batches of several
+        sequences with lookup drafts: ``BatchSpeculationControl``)."""
         if (min(phase_steps, probe_steps) < 1 or max_phase_steps < phase_steps or not 0 <= decay < 1
                 or len(modes) < 2 or len(set(modes)) != len(modes) or min(modes) < 0 or not 0 <= margin < 1):
             raise ValueError("SpeculationControl needs two or more distinct draft lengths >= 0, phase_steps, "
@@ -80,6 +63,7 @@ class SpeculationControl:
         self.per_sequence: Dict[int, Optional[Tuple[float, float]]] = dict.fromkeys(self.modes)
         self.acceptance = DraftAcceptance(max(self.modes))   # drafts kept per position, all lengths pooled
         self.pool_acceptance = pool_acceptance
+        self.lookup_steps = LookupSteps()   # steps that drafted from the context, all lengths
         self.prior: Optional[Tuple[float, float]] = None   # (acceptance, slope) from elsewhere
         self.steps: Dict[int, int] = dict.fromkeys(self.modes, 0)            # decode steps run in each mode
         self.skipped = 0              # probes the cost model spared
@@ -145,29 +129,45 @@ class SpeculationControl:
             return None
         acceptance, slope = model
         pooled = self.acceptance.tokens_per_step(mode) if self.pool_acceptance else None
-        tokens = pooled or chain_tokens(acceptance, mode)
-        return tokens / (self.per_sequence[0][1] + slope * mode)
+        return self._rate(mode, pooled or chain_tokens(acceptance, mode), self.per_sequence[0][1] + slope * mode)
+
+    def _rate(self, mode: int, tokens: float, seconds: float) -> float:
+        """Tokens/s of ``mode`` from its chain steps' tokens and seconds per sequence, its
+        lookup steps at their share (drafting modes, when pooling)."""
+        if mode > 0 and self.pool_acceptance:
+            return self.lookup_steps.rate(tokens, seconds)
+        return tokens / seconds
 
     def _worth_probing(self, mode: int) -> bool:
         rate = self.predicted_rate(mode)
         return rate is None or rate >= (1 - self.margin) * self.rates[self.winner]
 
     def record(self, seconds: float, tokens: int, measured: bool, sequences: int = 1,
-               accepted: Optional[Sequence[int]] = None) -> None:
+               accepted: Optional[Sequence[int]] = None, lookup: Optional[Sequence[bool]] = None) -> None:
         """One step's wall time and output tokens over its ``sequences`` decoding sequences;
         ``measured``: a decode-only step. The first step of a phase is not measured, nor
         the second after plain decoding: they pay for the switch (a drafter catching up on
         the tokens decoded without it).
         ``accepted``: the drafts each decoding sequence kept, which every step adds to the
-        pooled per-position acceptance (``DraftAcceptance``) whatever its draft length."""
+        pooled per-position acceptance (``DraftAcceptance``) whatever its draft length.
+        ``lookup``: per decoding sequence, whether its drafts came from the context; a step
+        with any such sequence is measured as a lookup step (``LookupSteps``), and only the
+        others' drafts count towards the acceptance per position."""
         mode = self.mode
         self.steps[mode] += 1
+        looked = self.pool_acceptance and mode > 0 and lookup is not None and any(lookup)
         if accepted is not None:
-            self.acceptance.record(mode, accepted)
+            self.acceptance.record(mode, [a for a, x in zip(accepted, lookup) if not x] if looked else accepted)
+        if mode > 0:
+            self.lookup_steps.count(looked)
         if self._unsettled:
             self._unsettled -= 1
             return
         if not measured or seconds <= 0:
+            return
+        if looked:   # not the mode's measurement: its rate counts lookup steps at their share
+            self.lookup_steps.record(tokens / max(sequences, 1), seconds / max(sequences, 1))
+            self._update_rates()
             return
         self._seconds += seconds
         self._tokens += tokens
@@ -209,7 +209,7 @@ class SpeculationControl:
         for m, measured in self.per_sequence.items():
             if measured is not None:
                 pooled = self.acceptance.tokens_per_step(m) if m > 0 and self.pool_acceptance else None
-                self.rates[m] = (measured[0] if pooled is None else pooled) / measured[1]
+                self.rates[m] = self._rate(m, measured[0] if pooled is None else pooled, measured[1])
 
     def _next_probe(self) -> Tuple[int, int]:
         """(mode, steps) after the winner's phase: the next neighbour in turn that the cost
@@ -241,13 +241,20 @@ class BatchSpeculationControl:
     survey that opens with K drafts for each of 64 sequences verifies 64 (1 + K) rows per
     step, steps that cost several plain ones where the target is compute-bound; from plain
     decoding it climbs through K = 1 instead, and only as far as drafts pay - also when a
-    server's first requests ran alone with K drafts a moment before."""
+    server's first requests ran alone with K drafts a moment before.
+
+    ``lookup_drafts`` (the drafter may draft from the context): a batch of one measures its
+    lookup steps apart (``LookupSteps``); in a larger batch nearly every step has some
+    sequence drafting from the context, so its classes take each mode's steps as measured,
+    lookup steps included (``pool_acceptance`` False) - the luck of many sequences' drafts
+    averages out within each step."""
 
     LAST_CLASS = 6   # 32 and more sequences
     PLAIN_FROM_CLASS = 3   # 4 and more sequences
 
-    def __init__(self, **kwargs):
+    def __init__(self, lookup_drafts: bool = False, **kwargs):
         self._kwargs = kwargs
+        self.lookup_drafts = lookup_drafts
         SpeculationControl(**kwargs)   # validates the settings
         self.classes: Dict[int, SpeculationControl] = {}
         self._last: Optional[int] = None   # the previous step's class
@@ -268,7 +275,8 @@ class BatchSpeculationControl:
         c = self._last if held else min(n.bit_length(), self.LAST_CLASS)
         self._last = c
         if c not in self.classes:
-            new = SpeculationControl(**self._kwargs)
+            new = SpeculationControl(**{**self._kwargs, **({"pool_acceptance": False}
+                                                          if self.lookup_drafts and c > 1 else {})})
             smaller = [k for k in self.classes if k < c and self.classes[k].model() is not None]
             prior = self.classes[max(smaller)].model() if smaller and 0 in new.modes else None
             seen = [k for k in self.classes if any(r is not None for r in self.classes[k].rates.values())]
