@@ -165,9 +165,8 @@ class SpeculationControl:
             return
         if not measured or seconds <= 0:
             return
-        if looked:   # not the mode's measurement: its rate counts lookup steps at their share
+        if looked:   # not the mode's measurement: the rates blend it in at the phase's end
             self.lookup_steps.record(tokens / max(sequences, 1), seconds / max(sequences, 1))
-            self._update_rates()
             return
         self._seconds += seconds
         self._tokens += tokens
@@ -275,8 +274,8 @@ class BatchSpeculationControl:
         c = self._last if held else min(n.bit_length(), self.LAST_CLASS)
         self._last = c
         if c not in self.classes:
-            new = SpeculationControl(**{**self._kwargs, **({"pool_acceptance": False}
-                                                          if self.lookup_drafts and c > 1 else {})})
+            kwargs = dict(self._kwargs, pool_acceptance=False) if self.lookup_drafts and c > 1 else self._kwargs
+            new = SpeculationControl(**kwargs)
             smaller = [k for k in self.classes if k < c and self.classes[k].model() is not None]
             prior = self.classes[max(smaller)].model() if smaller and 0 in new.modes else None
             seen = [k for k in self.classes if any(r is not None for r in self.classes[k].rates.values())]
