@@ -1,5 +1,6 @@
-"""Fuzzing in the suite (bounded, seeded): the public ops under hypothesis in a fresh
-interpreter (``helpers/fuzz_ops_script.py``), and the engine under random request streams."""
+"""Fuzzing in the suite (bounded, seeded): the public ops and the native decoder stack under
+hypothesis in fresh interpreters (``helpers/fuzz_ops_script.py``, ``helpers/fuzz_stack_script.py``),
+and the engine under random request streams."""
 import os
 import subprocess
 import sys
@@ -9,14 +10,25 @@ import pytest
 pytest.importorskip("hypothesis")
 
 
-def test_public_ops_match_their_references_or_refuse():
+def _fuzz_script(name: str, examples: int) -> dict:
+    """Runs helpers/NAME with ``examples`` per function in a fresh interpreter; returns
+    {fuzzed function: calls that returned a result (checked against its oracle)}."""
     import helpers
-    script = os.path.join(os.path.dirname(helpers.__file__), "fuzz_ops_script.py")
-    r = subprocess.run([sys.executable, script, "150"], capture_output=True, text=True, timeout=900)
+    script = os.path.join(os.path.dirname(helpers.__file__), name)
+    r = subprocess.run([sys.executable, script, str(examples)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-4000:]}"
-    lines = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("fuzzed fuzz_")]
-    assert len(lines) == 7, r.stdout
-    assert all(int(ln[-1]) >= 10 for ln in lines), r.stdout   # valid calls were checked, not only refusals
+    return {ln.split()[1]: int(ln.split()[-1]) for ln in r.stdout.splitlines() if ln.startswith("fuzzed fuzz_")}
+
+
+def test_public_ops_match_their_references_or_refuse():
+    computed = _fuzz_script("fuzz_ops_script.py", 150)
+    assert len(computed) == 7, computed
+    assert all(n >= 10 for n in computed.values()), computed   # valid calls were checked, not only refusals
+
+
+def test_decoder_stack_refuses_bad_indices_and_writes_only_its_slots():
+    computed = _fuzz_script("fuzz_stack_script.py", 200)
+    assert computed.keys() == {"fuzz_decoder_stack"} and computed["fuzz_decoder_stack"] >= 50, computed
 
 
 # valid values most of the time, limits and invalid ones sometimes

@@ -53,6 +53,31 @@ def test_queries_without_keys_and_bad_tensors_are_refused():
         ops.paged_attention(q, k_pool, v_pool, table, 0, token_seq, key_begin, key_end, 0.3)
 
 
+def test_extreme_indices_are_refused_without_overflow():
+    """Key ranges, tree positions and page sizes near the int64 limits are refused (the
+    tokens holding them counted as bad), and the call with those tokens' indices in range is
+    answered. The kernel checks them without signed overflow (tools/sanitize_check.sh runs
+    this under UndefinedBehaviorSanitizer, which aborts on one)."""
+    (q, k_pool, v_pool, table, ps, token_seq, key_begin, key_end), _ = _case(3, 2, 1, 8, 1, 10, 0)
+    lo, hi = -(1 << 63), (1 << 63) - 1
+    for begin, end in [(6, lo), (hi, 5), (lo, hi), (6, hi)]:
+        b, e = key_begin.clone(), key_end.clone()
+        b[0], e[0] = begin, end
+        with pytest.raises(ValueError, match="1 query token"):
+            ops.paged_attention(q, k_pool, v_pool, table, ps, token_seq, b, e, 0.3)
+    bits = torch.tensor([1, 1 << 62, -1])
+    for tree_begin in (hi, hi - 62, lo):
+        with pytest.raises(ValueError, match="3 query token"):
+            ops.paged_attention(q, k_pool, v_pool, table, ps, token_seq, key_begin, key_end, 0.3,
+                                tree_begin=torch.full((3,), tree_begin), tree_mask=bits)
+    wide = table[:, :1].expand(1, 4).contiguous()   # 4 page ids: 4 x 2^62 positions would pass 2^63
+    with pytest.raises(ValueError, match=r"spans 2\^63 positions"):
+        ops.paged_attention(q, k_pool, v_pool, wide, 1 << 62, token_seq, key_begin, key_end, 0.3)
+    out = ops.paged_attention(q, k_pool, v_pool, table, ps, token_seq, key_begin, key_end, 0.3)
+    alone = ops.paged_attention(q[2:], k_pool, v_pool, table, ps, token_seq[2:], key_begin[2:], key_end[2:], 0.3)
+    assert torch.equal(out[2:], alone)
+
+
 def test_metadata_chooses_the_native_kernel_only_for_small_unmasked_steps():
     table = list(range(40))
     meta, _ = build_metadata([(10, 3, table), (0, 5, table)], 4, "cpu", sliding_window=4, native_attention=True)

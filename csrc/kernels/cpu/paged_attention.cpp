@@ -52,6 +52,7 @@ int64_t paged_attention_cpu(const float* q, const void* k_pool, const void* v_po
                             int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
                             int64_t head_dim, int64_t num_slots, float scale, int num_threads) {
   if (num_kv_heads < 1 || num_heads % num_kv_heads != 0 || page_size < 1 || max_pages < 0) return -1;
+  if (max_pages > 0 && page_size > INT64_MAX / max_pages) return -1;   // no table spans 2^63 positions
   const int64_t group = num_heads / num_kv_heads;
   const int64_t row = num_kv_heads * head_dim, elem = dtype_size(kv_dtype);
   const int64_t num_pages = num_slots / page_size;

@@ -29,18 +29,21 @@ struct TokenKeys {
   bool list(int64_t t, const int64_t* block_table, int64_t batch_size, int64_t max_pages, int64_t page_size,
             int64_t num_pages, const int64_t* token_seq, const int64_t* key_begin, const int64_t* key_end,
             const int64_t* tree_begin, const int64_t* tree_mask) {
-    const int64_t max_kv_len = max_pages * page_size;
+    const int64_t max_kv_len = max_pages * page_size;   // below 2^63: paged_attention_cpu checks
     bool ok = token_seq[t] >= 0 && token_seq[t] < batch_size && key_begin[t] >= 0 && key_end[t] <= max_kv_len;
     if (!ok) return false;
     pages = block_table + token_seq[t] * max_pages;
     lo = key_begin[t];
-    prefix = std::max<int64_t>(0, key_end[t] - key_begin[t]);
+    // 0 <= key_begin, key_end <= max_kv_len: the difference cannot overflow where it is taken
+    prefix = key_end[t] > key_begin[t] ? key_end[t] - key_begin[t] : 0;
     for (int64_t p = lo / page_size; ok && prefix > 0 && p <= (key_end[t] - 1) / page_size; ++p)
       ok = pages[p] >= 0 && pages[p] < num_pages;
+    if (!ok) return false;   // (a key range of valid pages lies in the pool: len cannot overflow)
     int64_t na = 0;
     const uint64_t bits = tree_mask ? static_cast<uint64_t>(tree_mask[t]) : 0;
-    for (uint64_t rest = ok ? bits : 0; rest; rest &= rest - 1) {
-      const int64_t j = tree_begin[t] + __builtin_ctzll(rest);
+    for (uint64_t rest = bits; rest; rest &= rest - 1) {
+      const int64_t begin = tree_begin[t], bit = __builtin_ctzll(rest);
+      const int64_t j = begin > INT64_MAX - bit ? -1 : begin + bit;   // past any table: no overflow
       const int64_t page = j >= 0 && j < max_kv_len ? pages[j / page_size] : -1;
       ok = page >= 0 && page < num_pages;
       if (!ok) return false;

@@ -76,7 +76,7 @@ __device__ Keys token_keys(int64_t t, const AttentionArgs& a) {
     k.bits = static_cast<uint64_t>(a.tree_mask[t]);
     k.tree = a.tree_begin[t];
     k.span = k.bits ? 64 - __clzll(static_cast<long long>(k.bits)) : 0;
-    if (k.span > 0 && (k.tree < 0 || k.tree + k.span > max_kv)) return k;
+    if (k.span > 0 && (k.tree < 0 || k.tree > max_kv - k.span)) return k;   // (no overflow past 2^63)
   }
   k.len = k.prefix + k.span;
   k.ok = k.prefix + __popcll(k.bits) > 0;

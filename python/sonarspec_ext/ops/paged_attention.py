@@ -45,6 +45,9 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2, device=q.device)
     if not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
+    if block_table.shape[1] * page_size >= 1 << 63:
+        raise ValueError(f"a block table of {block_table.shape[1]} pages of {page_size} positions spans 2^63 "
+                         f"positions or more")
     if (tree_begin is None) != (tree_mask is None):
         raise ValueError("tree_begin and tree_mask go together: pass both or neither")
     tree = () if tree_mask is None else (("tree_begin", tree_begin), ("tree_mask", tree_mask))
