@@ -11,7 +11,7 @@
 # file under the log directory; the script fails if pytest or a fuzzer fails or any report
 # was written. Each finding aborts the process that hit it, so a report is never lost in
 # pytest's output capture.
-# About 5 minutes to build, 8 to run the suite and 3 the fuzzers, on 2 cores.
+# About 5 minutes to build and 8 to run the suite, then the fuzzers, on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-$(mktemp -d)/venv}"
@@ -53,5 +53,5 @@ if compgen -G "$LOGS/*" >/dev/null; then
   for f in "$LOGS"/*; do echo "== $f"; head -60 "$f"; done
   exit 1
 fi
-echo "no sanitizer reports (pytest exit status $status)"
+echo "no sanitizer reports (tests and fuzzers: exit status $status)"
 exit "$status"

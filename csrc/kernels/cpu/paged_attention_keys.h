@@ -52,7 +52,7 @@ struct TokenKeys {
     len = prefix + na;
     chunks = (len + kChunk - 1) / kChunk;
     splits = std::max<int64_t>(1, (chunks + kSplitChunks - 1) / kSplitChunks);
-    return ok;
+    return true;
   }
 
   // The pool slots of positions j .. j + n of the sequence (their pages checked when the keys
