@@ -203,6 +203,16 @@ def test_greedy_chain_rejects_bad_input():
     one = torch.tensor([1])
     with pytest.raises(ValueError, match="outside the block table"):
         chain(stack, embed, lm_head, 100, one, torch.tensor([63]), table, 16, 0, 2)
+    # page ids outside the pools: the token's own page, or a page of keys it reads, refused
+    # (before, the stack left such rows without attention and drafting returned their logits)
+    for page_id in (-1, 1 << 62):
+        with pytest.raises(ValueError, match="is not one of the KV pools"):
+            rows_forward(stack, embed, lm_head, one, torch.tensor([3]), torch.tensor([1]),
+                         torch.tensor([[page_id, 1]]), 16)
+        with pytest.raises(ValueError, match="read keys outside the KV pools"):
+            chain(stack, embed, lm_head, 100, one, torch.tensor([20]), torch.tensor([[page_id, 1]]), 16, 0, 2)
+    with pytest.raises(ValueError, match="page size"):
+        chain(stack, embed, lm_head, 100, one, torch.tensor([3]), table, 0, 0, 2)
     with pytest.raises(ValueError, match="tokens must be"):
         chain(stack, embed, lm_head, 100, one.int(), torch.tensor([3]), table, 16, 0, 2)
     with pytest.raises(ValueError, match="vocab"):

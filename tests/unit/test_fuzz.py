@@ -1,6 +1,7 @@
-"""Fuzzing in the suite (bounded, seeded): the public ops and the native decoder stack under
-hypothesis in fresh interpreters (``helpers/fuzz_ops_script.py``, ``helpers/fuzz_stack_script.py``),
-and the engine under random request streams."""
+"""Fuzzing in the suite (bounded, seeded): the public ops, the native decoder stack and native
+drafting under hypothesis in fresh interpreters (``helpers/fuzz_ops_script.py``,
+``helpers/fuzz_stack_script.py``, ``helpers/fuzz_drafting_script.py``), and the engine under
+random request streams."""
 import os
 import subprocess
 import sys
@@ -29,6 +30,11 @@ def test_public_ops_match_their_references_or_refuse():
 def test_decoder_stack_refuses_bad_indices_and_writes_only_its_slots():
     computed = _fuzz_script("fuzz_stack_script.py", 200)
     assert computed.keys() == {"fuzz_decoder_stack"} and computed["fuzz_decoder_stack"] >= 50, computed
+
+
+def test_drafting_refuses_bad_indices_and_writes_only_its_slots():
+    computed = _fuzz_script("fuzz_drafting_script.py", 300)
+    assert computed.keys() == {"fuzz_drafting"} and computed["fuzz_drafting"] >= 100, computed
 
 
 # valid values most of the time, limits and invalid ones sometimes

@@ -18,15 +18,26 @@
 namespace sonarspec {
 namespace {
 
+// p + i, refused where it would pass int64's range.
+int64_t offset(int64_t p, int64_t i) {
+  int64_t out;
+  if (__builtin_add_overflow(p, i, &out)) {
+    throw std::out_of_range("position " + std::to_string(p) + " + " + std::to_string(i) + " overflows int64");
+  }
+  return out;
+}
+
 // The inputs of one stack call over `m` tokens: embedding rows and attention metadata
 // (token t of row seq[t] at position pos[t]).
 struct Step {
   std::vector<float> x;
   std::vector<int64_t> pos, slots, seq, key_begin, key_end;
   StepAttention attn;
+  int64_t pool_pages;   // pages of page_size slots in the KV pools
 
-  Step(const StackIO& io, int64_t m, int64_t hidden)
-      : x(static_cast<size_t>(m * hidden)), pos(m), slots(m), seq(m), key_begin(m), key_end(m) {
+  Step(const StackIO& io, const DecoderShape& s, int64_t m)
+      : x(static_cast<size_t>(m * s.hidden)), pos(m), slots(m), seq(m), key_begin(m), key_end(m),
+        pool_pages(s.num_slots / io.page_size) {
     attn.slot_mapping = slots.data();
     attn.block_table = io.block_table;
     attn.batch = io.batch;
@@ -42,12 +53,28 @@ struct Step {
     if (p < 0 || page >= io.max_pages) {
       throw std::out_of_range("position " + std::to_string(p) + " is outside the block table");
     }
+    const int64_t page_id = io.block_table[row * io.max_pages + page];
+    if (page_id < 0 || page_id >= pool_pages) {   // also keeps page_id * page_size in range
+      throw std::out_of_range("row " + std::to_string(row) + "'s page " + std::to_string(page_id) + " (position " +
+                              std::to_string(p) + ") is not one of the KV pools' " + std::to_string(pool_pages));
+    }
     pos[t] = p;
     seq[t] = row;
-    slots[t] = io.block_table[row * io.max_pages + page] * io.page_size + p % io.page_size;
+    slots[t] = page_id * io.page_size + p % io.page_size;
     key_begin[t] = io.window > 0 ? std::max<int64_t>(0, p + 1 - io.window) : 0;
     key_end[t] = p + 1;
     embedding_row(io.embed, io.embed_format, io.embed_rows, hidden, token, x.data() + t * hidden);
+  }
+
+  // The stack over the step's tokens; refused where a key it read lay on a page outside
+  // the pools (the stack leaves such rows without attention and counts them).
+  void forward(const DecoderStackWeights& w, const DecoderShape& s, const float* features, int64_t m, float* out,
+               int num_threads) {
+    const int64_t bad = decoder_stack_forward(w, s, x.data(), features, m, pos.data(), attn, out, num_threads);
+    if (bad != 0) {
+      throw std::out_of_range("drafting: " + std::to_string(bad) + " token-layers read keys outside the KV pools "
+                              "(block table page ids out of range)");
+    }
   }
 };
 
@@ -66,12 +93,12 @@ void stack_rows_forward(const DecoderStackWeights& w, const DecoderShape& s, con
   const int64_t H = s.hidden;
   int64_t m = 0;
   for (int64_t b = 0; b < batch; ++b) m += lens[b];
-  Step step(io, m, H);
+  Step step(io, s, m);
   std::vector<float> out(static_cast<size_t>(m * H));
   for (int64_t b = 0, t = 0; b < batch; ++b) {
-    for (int64_t i = 0; i < lens[b]; ++i, ++t) step.set(io, H, t, b, starts[b] + i, tokens[t]);
+    for (int64_t i = 0; i < lens[b]; ++i, ++t) step.set(io, H, t, b, offset(starts[b], i), tokens[t]);
   }
-  decoder_stack_forward(w, s, step.x.data(), features, m, step.pos.data(), step.attn, out.data(), num_threads);
+  step.forward(w, s, features, m, out.data(), num_threads);
   for (int64_t b = 0, t = 0; b < batch; ++b) {  // each row's last token
     t += lens[b];
     std::memcpy(out_features + b * H, out.data() + (t - 1) * H, sizeof(float) * H);
@@ -111,7 +138,7 @@ void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const Stac
                  const ChainSampling* sampling, int64_t* out_tokens, int num_threads, const ChainStop* stop,
                  const DraftPenalties* penalties) {
   const int64_t H = s.hidden;
-  Step step(io, batch, H);
+  Step step(io, s, batch);
   std::vector<float> feats(static_cast<size_t>(batch * H)), logits(static_cast<size_t>(batch * io.lm_rows));
   std::vector<float> penalized(penalties != nullptr ? vocab : 0);
   std::vector<int64_t> next(tokens, tokens + batch);
@@ -133,10 +160,9 @@ void stack_chain(const DecoderStackWeights& w, const DecoderShape& s, const Stac
       }
       break;
     }
-    for (int64_t b = 0; b < batch; ++b) step.set(io, H, b, b, positions[b] + r, next[b]);
+    for (int64_t b = 0; b < batch; ++b) step.set(io, H, b, b, offset(positions[b], r), next[b]);
     // the head reads its features before it writes its outputs over them
-    decoder_stack_forward(w, s, step.x.data(), features != nullptr ? feats.data() : nullptr, batch, step.pos.data(),
-                          step.attn, feats.data(), num_threads);
+    step.forward(w, s, features != nullptr ? feats.data() : nullptr, batch, feats.data(), num_threads);
     lm_head(io, feats.data(), logits.data(), batch, H, num_threads);
     for (int64_t b = 0; b < batch; ++b) {
       const float* l = logits.data() + b * io.lm_rows;
@@ -183,7 +209,7 @@ void stack_refill_chain(const DecoderStackWeights& w, const DecoderShape& s, con
     }
     if (stop != nullptr) first_probs[b] = token_probability(l, vocab, row);
     first[b] = row_token(io, row);
-    positions[b] = starts[b] + lens[b];
+    positions[b] = offset(starts[b], lens[b]);
   }
   if (sampling != nullptr) {
     chain_sampling = *sampling;
