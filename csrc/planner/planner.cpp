@@ -69,8 +69,12 @@ void Planner::add_request(int64_t seq_id, int32_t num_tokens, const std::vector<
 
 void Planner::append_tokens(int64_t seq_id, int32_t num_new) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (num_new < 0) throw std::invalid_argument("num_new must be non-negative");
-  get(seq_id).num_tokens += num_new;
+  Seq& seq = get(seq_id);
+  if (num_new < 0 || num_new > config_.max_model_len - seq.num_tokens)
+    throw std::invalid_argument("cannot append " + std::to_string(num_new) + " tokens to sequence " + id_str(seq_id) +
+                                " of " + std::to_string(seq.num_tokens) + ": max_model_len is " +
+                                std::to_string(config_.max_model_len));
+  seq.num_tokens += num_new;
 }
 
 void Planner::truncate(int64_t seq_id, int32_t length) {

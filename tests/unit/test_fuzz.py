@@ -1,7 +1,7 @@
-"""Fuzzing in the suite (bounded, seeded): the public ops, the native decoder stack and native
-drafting under hypothesis in fresh interpreters (``helpers/fuzz_ops_script.py``,
-``helpers/fuzz_stack_script.py``, ``helpers/fuzz_drafting_script.py``), and the engine under
-random request streams."""
+"""Fuzzing in the suite (bounded, seeded): the public ops, the native decoder stack, native
+drafting and the native planner under hypothesis in fresh interpreters
+(``helpers/fuzz_{ops,stack,drafting,planner}_script.py``), and the engine under random request
+streams."""
 import os
 import subprocess
 import sys
@@ -35,6 +35,11 @@ def test_decoder_stack_refuses_bad_indices_and_writes_only_its_slots():
 def test_drafting_refuses_bad_indices_and_writes_only_its_slots():
     computed = _fuzz_script("fuzz_drafting_script.py", 300)
     assert computed.keys() == {"fuzz_drafting"} and computed["fuzz_drafting"] >= 100, computed
+
+
+def test_planner_refuses_bad_calls_atomically_and_keeps_every_page():
+    computed = _fuzz_script("fuzz_planner_script.py", 300)   # computed: calls accepted and checked
+    assert computed.keys() == {"fuzz_planner"} and computed["fuzz_planner"] >= 1000, computed
 
 
 # valid values most of the time, limits and invalid ones sometimes

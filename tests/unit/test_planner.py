@@ -37,6 +37,12 @@ def test_errors_are_value_errors_with_messages():
         p.add_request(4, 0)
     with pytest.raises(ValueError, match="cannot truncate"):
         p.truncate(1, 10)
+    with pytest.raises(ValueError, match="max_model_len is 256"):
+        p.append_tokens(1, 254)   # 3 + 254 tokens
+    with pytest.raises(ValueError, match="cannot append -1"):
+        p.append_tokens(1, -1)
+    p.append_tokens(1, 253)
+    assert p.num_tokens(1) == 256
     p.finish(1)
     with pytest.raises(ValueError, match="unknown"):
         p.finish(1)  # double free

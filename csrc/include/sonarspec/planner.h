@@ -80,7 +80,8 @@ class Planner {
   // `tokens` (the prompt's ids, or empty) are matched against the cache when it is admitted.
   // Throws std::invalid_argument when the id is taken or the request can never fit.
   void add_request(int64_t seq_id, int32_t num_tokens, const std::vector<int32_t>& tokens = {});
-  // Records num_new more known tokens (sampled) for a sequence.
+  // Records num_new more known tokens (sampled) for a sequence; throws std::invalid_argument
+  // for a negative count or one that would take it past max_model_len.
   void append_tokens(int64_t seq_id, int32_t num_new);
   // Rolls a sequence back to `length` tokens; KV slots past it are reused later.
   void truncate(int64_t seq_id, int32_t length);

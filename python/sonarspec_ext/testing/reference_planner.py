@@ -39,6 +39,8 @@ class ReferencePlanner:
         self.waiting.append(seq_id)
 
     def append_tokens(self, seq_id: int, num_new: int) -> None:
+        if not 0 <= num_new <= self.max_model_len - self.seqs[seq_id]["num_tokens"]:
+            raise ValueError("appending past max_model_len")
         self.seqs[seq_id]["num_tokens"] += num_new
 
     def truncate(self, seq_id: int, length: int) -> None:
