@@ -53,6 +53,15 @@ def _keys_valid(t, args, batch, pages, page_size, tree) -> bool:
     return bool(page_ids) and all(0 <= p < SLOTS // page_size for p in page_ids)
 
 
+def restore_pools(before, written) -> None:
+    """Asserts that the KV pools changed only at the `written` slots since `before` (their
+    copies), then restores them: the next example starts from the same pools."""
+    for pair, old in zip(POOLS, before):
+        for pool, pool_before in zip(pair, old):
+            assert torch.equal(pool[~written], pool_before[~written]), "a KV write outside the call's slots"
+            pool.copy_(pool_before)
+
+
 @SETTINGS
 @given(m=st.integers(1, 5), batch=st.integers(1, 3), pages=st.integers(1, 3), tree=st.booleans(),
        seed=st.integers(0, 10 ** 6), corrupt=st.lists(st.sampled_from(FIELDS), max_size=2),
@@ -94,10 +103,7 @@ def fuzz_decoder_stack(m, batch, pages, tree, seed, corrupt, bad):
     assert torch.equal(x, x_before), "the input changed"
     written = torch.zeros(SLOTS, dtype=torch.bool)
     written[args["slots"][(args["slots"] >= 0) & (args["slots"] < SLOTS)]] = True
-    for pair, old in zip(POOLS, before):
-        for pool, pool_before in zip(pair, old):
-            assert torch.equal(pool[~written], pool_before[~written]), "a KV write outside the step's slots"
-            pool.copy_(pool_before)   # the next example starts from the same pools
+    restore_pools(before, written)
 
 
 if __name__ == "__main__":
