@@ -29,6 +29,11 @@ class KVCache:
         shape = (cfg.num_hidden_layers, num_pages * page_size, cfg.num_key_value_heads, cfg.head_dim)
         if torch.device(device).type == "cpu":   # attention streams them: on huge pages
             self.k, self.v = huge_page_zeros(shape, dtype), huge_page_zeros(shape, dtype)
+            # The planner hands out page 0 first: the huge page holding its slots in each
+            # layer is faulted in (zero-filled by the system) now, at load, rather than inside
+            # the first request's prefill - 2 MiB per layer and pool that request would touch.
+            self.k[:, :page_size].zero_()
+            self.v[:, :page_size].zero_()
         else:
             self.k = torch.zeros(shape, dtype=dtype, device=device)
             self.v = torch.zeros(shape, dtype=dtype, device=device)
