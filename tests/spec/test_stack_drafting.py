@@ -211,7 +211,7 @@ def test_greedy_chain_rejects_bad_input():
                          torch.tensor([[page_id, 1]]), 16)
         with pytest.raises(ValueError, match="read keys outside the KV pools"):
             chain(stack, embed, lm_head, 100, one, torch.tensor([20]), torch.tensor([[page_id, 1]]), 16, 0, 2)
-    with pytest.raises(ValueError, match="page size"):
+    with pytest.raises(ValueError, match="page_size must be a positive integer, got 0"):
         chain(stack, embed, lm_head, 100, one, torch.tensor([3]), table, 0, 0, 2)
     with pytest.raises(ValueError, match="tokens must be"):
         chain(stack, embed, lm_head, 100, one.int(), torch.tensor([3]), table, 16, 0, 2)

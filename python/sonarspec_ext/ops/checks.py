@@ -28,6 +28,12 @@ def check_tensor(name: str, t, *, dtypes: Optional[Iterable[torch.dtype]] = None
         raise ValueError(f"{name} must be contiguous")
 
 
+def check_page_size(page_size) -> None:
+    """A KV page size: a positive int (not a bool)."""
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
+
+
 def stream_handle(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 

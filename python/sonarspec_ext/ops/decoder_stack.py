@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _C
-from .checks import DTYPE_CODES, check_tensor
+from .checks import DTYPE_CODES, check_page_size, check_tensor
 from .limits import COMPACT_MAX_ROWS, NATIVE_MAX_ROWS, SMALL_M_MAX_ROWS
 from .linear import native_threads
 from .quantized import QuantizedMatrix, weight_format_code
@@ -170,8 +170,7 @@ class DecoderStack:
             if features.shape != x.shape:
                 raise ValueError(f"features have shape {list(features.shape)}, expected {list(x.shape)}")
         check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2, device=torch.device("cpu"))
-        if not isinstance(page_size, int) or page_size < 1:
-            raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
+        check_page_size(page_size)
         layers = captured = None   # built only when asked for: every decode step calls this
         if capture:
             if not all(0 <= i < len(self.layers) for i in capture):

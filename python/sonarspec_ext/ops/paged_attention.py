@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from .. import _C
-from .checks import DTYPE_CODES, built_with_cuda, check_tensor, stream_handle
+from .checks import DTYPE_CODES, built_with_cuda, check_page_size, check_tensor, stream_handle
 from .linear import native_threads
 
 
@@ -43,8 +43,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     if v_pool.shape != k_pool.shape:
         raise ValueError(f"v_pool has shape {list(v_pool.shape)}, expected {list(k_pool.shape)} like k_pool")
     check_tensor("block_table", block_table, dtypes=(torch.int64,), ndim=2, device=q.device)
-    if not isinstance(page_size, int) or page_size < 1:
-        raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
+    check_page_size(page_size)
     if block_table.shape[1] * page_size >= 1 << 63:
         raise ValueError(f"a block table of {block_table.shape[1]} pages of {page_size} positions spans 2^63 "
                          f"positions or more")

@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from .checks import check_tensor
+from .checks import check_page_size, check_tensor
 from .decoder_stack import DecoderStack
 from .limits import SMALL_M_MAX_ROWS
 from .linear import native_threads
@@ -58,8 +58,7 @@ def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window
     if checked is None or checked[0] is not embed or checked[1] is not lm_head or checked[2] is not row_ids:
         _check_weights(stack, embed, lm_head, row_ids)
         stack._checked_io = (embed, lm_head, row_ids)
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-        raise ValueError(f"the page size must be a positive int, got {page_size!r}")
+    check_page_size(page_size)
     if not fits(stack, lm_head, rows, num_tokens):
         raise ValueError(f"DecoderStack drafting runs 1..{stack.max_rows} tokens at once and a float32 lm_head at "
                          f"most {SMALL_M_MAX_ROWS} rows, got {num_tokens} tokens in {rows} rows")
