@@ -1,6 +1,6 @@
 """Fuzzing in the suite (bounded, seeded): the public ops, the native decoder stack, native
-drafting and the native planner under hypothesis in fresh interpreters
-(``helpers/fuzz_{ops,stack,drafting,planner}_script.py``), and the engine under random request
+drafting, the native planner and the step-metadata builders under hypothesis in fresh interpreters
+(``helpers/fuzz_{ops,stack,drafting,planner,metadata}_script.py``), and the engine under random request
 streams."""
 import os
 import subprocess
@@ -40,6 +40,12 @@ def test_drafting_refuses_bad_indices_and_writes_only_its_slots():
 def test_planner_refuses_bad_calls_atomically_and_keeps_every_page():
     computed = _fuzz_script("fuzz_planner_script.py", 300)   # computed: calls accepted and checked
     assert computed.keys() == {"fuzz_planner"} and computed["fuzz_planner"] >= 1000, computed
+
+
+def test_metadata_builders_match_the_reference_or_refuse():
+    computed = _fuzz_script("fuzz_metadata_script.py", 300)   # computed: valid calls checked against numpy
+    assert computed.keys() == {"fuzz_build_metadata", "fuzz_planner_metadata"}, computed
+    assert all(n >= 50 for n in computed.values()), computed
 
 
 # valid values most of the time, limits and invalid ones sometimes

@@ -201,6 +201,25 @@ def test_native_metadata_matches_the_python_reference():
         _C.build_metadata([(10, 3, [0, 1])], None, 4, 0, True)
 
 
+def test_metadata_refuses_values_outside_int32_and_bad_ids():
+    import numpy as np
+    bad = {"row 0: start must fit in 32 bits, got 4294967296": [(2 ** 32, 1, [0])],
+           "row 1: num_query must be an integer": [(0, 1, [0]), (0, "2", [0])],
+           "row 0: page ids must be >= 0": [(0, 1, [-5])],
+           "row 0: needs \\(start, num_query, page_table\\)": [(0, 1)]}
+    for message, rows in bad.items():
+        with pytest.raises(ValueError, match=message):
+            _C.build_metadata(rows, None, 4, 0, True)
+    with pytest.raises(ValueError, match="row 0: tree positions must be in"):
+        _C.build_metadata([(4, 1, [0, 1])], [(4, np.array([1]), np.array([-1]))], 4, 0, True)
+    p = planner(num_pages=8, page_size=4)
+    p.add_request(1, 5)
+    p.schedule(0)
+    for starts, nums, message in (([2 ** 32], [1], "start of row 0 must fit"), ([0], [2 ** 32 + 1], "num_query")):
+        with pytest.raises(ValueError, match=message):   # was read as 0 / 1 before: int64 cut to int32
+            p.build_metadata(np.array([1]), np.array(starts), np.array(nums), None, 0, True)
+
+
 def test_planner_metadata_reads_its_own_page_tables_in_flashinfer_layout():
     import numpy as np
     p = planner(num_pages=32, page_size=4)
