@@ -43,7 +43,8 @@ python -m pytest -q -p no:cacheprovider "${@:-tests}" || status=$?
 # then the native fuzzers, longer than the suite runs them (SANITIZE_FUZZ_EXAMPLES=0: skip)
 FUZZ="${SANITIZE_FUZZ_EXAMPLES:-1000}"
 if [ "$FUZZ" -gt 0 ]; then
-  for script in fuzz_ops_script.py fuzz_stack_script.py fuzz_drafting_script.py fuzz_planner_script.py fuzz_metadata_script.py; do
+  for script in fuzz_ops_script.py fuzz_stack_script.py fuzz_drafting_script.py fuzz_planner_script.py \
+                fuzz_metadata_script.py; do
     (cd tests/helpers && python "$script" "$FUZZ") || status=1
   done
 fi

@@ -39,7 +39,7 @@ def rows_and_trees(draw):
         start, n = draw(num(-2, 40)), draw(num(1, 9) if not dirty else num(-1, 9))
         need = -(-(start + n) // page_size) if is_int32(start) and is_int32(n) and page_size > 0 else 2
         count = max(0, min(need, 20) + (draw(st.integers(-1, 2)) if dirty else draw(st.integers(0, 2))))
-        page = st.one_of(st.integers(0, 63), st.integers(0, 63), st.integers(0, 63), ODD) if dirty else st.integers(0, 63)
+        page = value(0, 63) if dirty else st.integers(0, 63)
         table = draw(st.lists(page, min_size=count, max_size=count))
         rows.append((start, n, table))
         tree = None
