@@ -175,7 +175,10 @@ def _add_model_args(p, max_tokens: int, temperature: float) -> None:
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="stop before this text (repeatable); the reply ends where the first one appears")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="activation dtype")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="activation dtype (on the CPU keep float32: the native kernels, with weights in "
+                        "bfloat16 or their GGUF blocks; 16-bit activations run op by op on torch, several "
+                        "times slower)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="KV cache dtype (auto: bfloat16 on the CPU for bfloat16 weights, else the activation dtype)")
     p.add_argument("--spec-control", default="adaptive", choices=["adaptive", "always"],

@@ -12,8 +12,13 @@ def test_float32_cpu_steps_run_as_the_native_stack():
     assert counts["target"]["torch_ops"] == counts["target"]["cuda_graph"] == 0
 
 
-def test_16_bit_activations_run_op_by_op_on_torch():
-    llm = LLM("default", dtype="bfloat16")
+def test_16_bit_activations_run_op_by_op_on_torch(caplog):
+    with caplog.at_level("WARNING", logger="sonarspec"):
+        LLM("default")
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="sonarspec"):
+        llm = LLM("default", dtype="bfloat16")
+    assert any("dtype bfloat16 on the CPU runs the model op by op" in r.getMessage() for r in caplog.records)
     llm.generate(["def f(x):"], SamplingParams(max_tokens=4, temperature=0.0))
     counts = llm.stats()["execution"]["target"]
     assert counts["torch_ops"] == 4 and counts["native_stack"] == 0   # a prefill and three decodes

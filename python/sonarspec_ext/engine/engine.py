@@ -49,6 +49,10 @@ class Engine:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but torch sees no CUDA device")
         self.dtype = parse_dtype(dtype)
+        if self.device.type == "cpu" and self.dtype != torch.float32:
+            log.warning("dtype %s on the CPU runs the model op by op on torch (16-bit activations; GGUF blocks "
+                        "dequantized): several times slower than the default float32, whose native kernels keep "
+                        "the weights in bfloat16 or their GGUF blocks", str(self.dtype).removeprefix("torch."))
         self.model = load_model(model_dir, self.dtype, self.device, compact_weights=self.config.compact_weights,
                                 quantization=self.config.quantization, load_format=self.config.load_format)
         self.model_config: ModelConfig = self.model.config
