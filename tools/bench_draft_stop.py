@@ -3,15 +3,17 @@
 (``SpecConfig.lookup_draft_tokens``) on held-out chat prompts: the validation split of
 ``tools/chat_prompts.py`` (prompts the packaged head was not trained on), or with
 ``--workload edit`` the code-editing prompts of ``tools/edit_prompts.py`` (the model's reply
-repeats much of its prompt), each prompt run by plain decoding and by every configuration
-back to back, so that the machine's drift hits them alike; every greedy output checked
+repeats much of its prompt; ``edit-long``: its longer functions), each prompt run by plain
+decoding and by every configuration back to back, so that the machine's drift hits them
+alike; every greedy output checked
 equal to plain decoding (``--temperature T``: sampled, seeded per prompt, outputs not
 compared; ``--no-draft-sampling``: sampled requests draft top tokens; ``--repetition-penalty``
 and the others: every request, plain decoding's too, with those penalties). Prints and writes
 tokens/s, the ratio to plain decoding's (over all prompts, and the median of the
 per-prompt ratios), tokens per step and drafted tokens per step.
 
-    python tools/bench_draft_stop.py [--model smollm2] [--workload chat|edit] [--prompts 60] [--max-tokens 128]
+    python tools/bench_draft_stop.py [--model smollm2] [--workload chat|edit|edit-long] [--prompts 60]
+                                     [--max-tokens 128]
                                      [--configs 2 3 4:0.1] [--heads default DIR ...] [--head-quantization auto q4_1]
                                      [--adaptive]
                                      [--temperature T] [--top-p P] [--top-k K] [--no-draft-sampling]
@@ -53,8 +55,9 @@ def parse_config(text: str):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--workload", default="chat", choices=["chat", "edit"],
-                    help="held-out chat prompts, or code-editing prompts (tools/edit_prompts.py)")
+    ap.add_argument("--workload", default="chat", choices=["chat", "edit", "edit-long"],
+                    help="held-out chat prompts, or code-editing prompts (tools/edit_prompts.py; edit-long: "
+                         "functions of 1200-8000 characters)")
     ap.add_argument("--prompts", type=int, default=60)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--configs", nargs="+", default=["2", "3", "4:0.1"])
@@ -78,7 +81,7 @@ def main() -> None:
     penalties = {"repetition_penalty": args.repetition_penalty, "presence_penalty": args.presence_penalty,
                  "frequency_penalty": args.frequency_penalty}
     items = ([p for p in build_prompts() if is_validation(p["id"])][:args.prompts] if args.workload == "chat"
-                else edit_prompts(args.prompts))
+                else edit_prompts(args.prompts, long=args.workload == "edit-long"))
     configs = {"plain": None}
     for head in args.heads:
         for quant in args.head_quantization:

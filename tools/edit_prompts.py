@@ -26,12 +26,13 @@ TASKS = [
 ]
 
 MAX_SOURCE_CHARS = 1200   # functions whose source is longer are left out (the prompt stays short)
+LONG_SOURCE_CHARS = 8000  # edit_prompts(long=True): the functions past MAX_SOURCE_CHARS, up to this
 
 
-def _functions() -> List[str]:
-    """Source of the module-level Python functions of MODULES (public, 200 to
-    MAX_SOURCE_CHARS characters), taking one function of each module in turn (by name
-    within a module), so that any prefix of the list spans the modules."""
+def _functions(shortest: int = 200, longest: int = MAX_SOURCE_CHARS) -> List[str]:
+    """Source of the module-level Python functions of MODULES (public, ``shortest`` to
+    ``longest`` characters), taking one function of each module in turn (by name within a
+    module), so that any prefix of the list spans the modules."""
     per_module = []
     for name in MODULES:
         try:
@@ -46,16 +47,19 @@ def _functions() -> List[str]:
                 src = inspect.getsource(fn)
             except (OSError, TypeError):
                 continue
-            if 200 <= len(src) <= MAX_SOURCE_CHARS:
+            if shortest <= len(src) <= longest:
                 sources.append(src)
         per_module.append(sources)
     return [m[i] for i in range(max(map(len, per_module), default=0)) for m in per_module if i < len(m)]
 
 
-def edit_prompts(limit: int = 0) -> List[Dict]:
-    """Up to ``limit`` prompts (0: all), each {"id", "prompt"}; task i goes with function i."""
+def edit_prompts(limit: int = 0, long: bool = False) -> List[Dict]:
+    """Up to ``limit`` prompts (0: all), each {"id", "prompt"}; task i goes with function i.
+    ``long``: the functions of MAX_SOURCE_CHARS to LONG_SOURCE_CHARS characters instead
+    (prompts of about 300-1000 tokens)."""
     prompts = []
-    for i, src in enumerate(_functions()):
+    sources = _functions(MAX_SOURCE_CHARS + 1, LONG_SOURCE_CHARS) if long else _functions()
+    for i, src in enumerate(sources):
         text = f"{TASKS[i % len(TASKS)]}\n\n```python\n{src}```"
         prompts.append({"id": hashlib.sha256(text.encode()).hexdigest()[:16], "prompt": text})
     return prompts[:limit] if limit else prompts

@@ -256,3 +256,32 @@ def test_a_large_class_starts_plain_after_a_lone_stream_chose_drafts():
         one.record(0.01, 3, measured=True)
     assert one.rates[4] is not None and one.model() is None
     assert c.for_batch(64).mode == 0 and c.for_batch(2).mode == 4
+
+
+def test_steps_where_the_drafter_catches_up_on_a_prompt_are_not_measured(monkeypatch):
+    """A drafter's first step after a prefill runs it over the whole prompt (tens of ms on a
+    long one) and was measured as a step of the mode running then, so a long prompt made
+    drafting look several times slower than it is. Steps whose drafter had more than the
+    usual re-run waiting (the last token and the drafts kept) are now left out."""
+    llm = LLM("default", spec=SpecConfig(method="mtp", num_draft_tokens=2), adaptive_speculation=True)
+    proposer, backlog, records = llm.engine.proposer, [0], []
+    propose, record = proposer.propose, SpeculationControl.record
+
+    def spy_propose(seqs, ks):
+        backlog[0] = max((proposer.backlog(s) for s in seqs), default=0)
+        return propose(seqs, ks)
+
+    def spy_record(self, seconds, tokens, measured, **kw):
+        records.append((backlog[0], measured))
+        return record(self, seconds, tokens, measured, **kw)
+    monkeypatch.setattr(proposer, "propose", spy_propose)
+    monkeypatch.setattr(SpeculationControl, "record", spy_record)
+    usual = 1 + max(proposer.max_draft_tokens, llm.spec.lookup_draft_tokens)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    prompts = ["def add(a, b):\n    return a + b\n" * 12, "import os\nimport sys\n" * 15]
+    ref = [o.token_ids for o in LLM("default").generate(prompts, params)]
+    assert [llm.generate([p], params)[0].token_ids for p in prompts] == ref
+    assert records[0][0] >= len(llm.tokenizer.encode(prompts[0]))   # the first step: K = 2, the prompt waiting
+    caught_up = [measured for b, measured in records if b > usual]   # prompts, and catch-ups after plain phases
+    assert caught_up and not any(caught_up)
+    assert any(measured for b, measured in records if b <= usual)

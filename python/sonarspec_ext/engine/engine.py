@@ -103,6 +103,8 @@ class Engine:
                                                      lookup_drafts=self.spec.lookup_draft_tokens > 0)
                              if c.adaptive_speculation and speculating else None)
         self.num_steps = 0
+        # positions a drafter re-runs after a speculating step: the last token and the drafts kept
+        self._usual_backlog = 1 + max(self.proposer.max_draft_tokens, self.spec.lookup_draft_tokens)
         # steps with decoding sequences of a speculating engine: drafted for some, or paused by
         # the load control (spec_max_batch, adaptive speculation)
         self.decode_steps = {"speculating": 0, "paused": 0}
@@ -245,6 +247,8 @@ class Engine:
         decode = [] if self.step_context.paused else [seq for seq in decoding if self.proposer.ready(seq)]
         cap = control.mode if control is not None else self.proposer.max_draft_tokens
         ks = [min(cap, self._num_drafts(seq)) for seq in decode]
+        # a drafter catching up on a prompt (or on paused steps) costs what no steady step does
+        caught_up = max((self.proposer.backlog(seq) for seq in decode), default=0) > self._usual_backlog
         t1 = time.perf_counter()
         drafts = dict(zip((s.seq_id for s in decode), self.proposer.propose(decode, ks)))
         t2 = time.perf_counter()
@@ -261,7 +265,8 @@ class Engine:
             self.decode_steps["paused" if self.step_context.paused else "speculating"] += 1
         if control is not None and decoding:
             gained = [seq.num_tokens - n for seq, n in zip(decoding, before)]
-            control.record(time.perf_counter() - t0, sum(gained), measured=len(decoding) == len(batch),
+            control.record(time.perf_counter() - t0, sum(gained),
+                           measured=len(decoding) == len(batch) and not caught_up,
                            sequences=len(decoding), accepted=[max(g - 1, 0) for g in gained],
                            lookup=[seq.seq_id in drafts and drafts[seq.seq_id].lookup for seq in decoding])
         if self.config.enable_prefix_caching:

@@ -70,6 +70,10 @@ class ChainDrafter(Proposer):
         if self.lookups is not None:
             self.lookups.reset(seq)
 
+    def backlog(self, seq) -> int:
+        row = self.waiting.get(seq.seq_id)
+        return 0 if row is None else len(row.tokens)
+
     def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """The drafter's logits cut or padded (with -inf) to the target's vocabulary."""
         V = self.vocab_size

@@ -92,6 +92,12 @@ class Proposer:
         """Whether ``seq`` can be drafted for in this step."""
         return True
 
+    def backlog(self, seq) -> int:
+        """Positions of ``seq`` the drafter must run before its next draft (a re-run left
+        waiting: after a step, one more than the drafts it kept; after a prefill or paused
+        steps, all of their tokens)."""
+        return 0
+
     def propose(self, seqs: Sequence, ks: Sequence[int]) -> List[Draft]:
         return [Draft([]) for _ in seqs]
 
