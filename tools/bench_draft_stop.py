@@ -13,7 +13,7 @@ tokens/s, the ratio to plain decoding's (over all prompts, and the median of the
 per-prompt ratios), tokens per step and drafted tokens per step.
 
     python tools/bench_draft_stop.py [--model smollm2] [--workload chat|edit|edit-long] [--prompts 60]
-                                     [--max-tokens 128]
+                                     [--max-tokens 128] [--batch-size 1]
                                      [--configs 2 3 4:0.1] [--heads default DIR ...] [--head-quantization auto q4_1]
                                      [--adaptive]
                                      [--temperature T] [--top-p P] [--top-k K] [--no-draft-sampling]
@@ -59,6 +59,8 @@ def main() -> None:
                     help="held-out chat prompts, or code-editing prompts (tools/edit_prompts.py; edit-long: "
                          "functions of 1200-8000 characters)")
     ap.add_argument("--prompts", type=int, default=60)
+    ap.add_argument("--batch-size", type=int, default=1,
+                    help="prompts per call, decoding together (ratios per batch instead of per prompt)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--configs", nargs="+", default=["2", "3", "4:0.1"])
     ap.add_argument("--heads", nargs="+", default=["default"], help="MTP head dirs ('default': the packaged one)")
@@ -98,23 +100,28 @@ def main() -> None:
     total = dict.fromkeys(configs, 0.0)
     ratios = {name: [] for name in configs}
     tokens = dict.fromkeys(configs, 0)
-    for i, item in enumerate(items):
-        messages = [{"role": "user", "content": item["prompt"]}]
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, seed=i if args.seeded else None, **penalties)
+    if args.batch_size < 1:
+        raise SystemExit("--batch-size must be >= 1")
+    for b, first in enumerate(range(0, len(items), args.batch_size)):
+        group = items[first:first + args.batch_size]
+        conversations = [[{"role": "user", "content": item["prompt"]}] for item in group]
+        params = [SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                 top_k=args.top_k, seed=first + j if args.seeded else None, **penalties)
+                  for j in range(len(group))]
         times, outs = {}, {}
-        for name, llm in rotated(llms.items(), i):
+        for name, llm in rotated(llms.items(), b):
             t0 = time.perf_counter()
-            outs[name] = llm.chat([messages], params)[0]
+            outs[name] = llm.chat(conversations, params)
             times[name] = time.perf_counter() - t0
-        ref = outs["plain"].token_ids
+        count = {name: sum(len(o.token_ids) for o in out) for name, out in outs.items()}
         for name, out in outs.items():
-            if (args.temperature == 0 or args.seeded) and out.token_ids != ref:
-                raise SystemExit(f"{name}: output differs from plain decoding on prompt {item['id']}")
+            for item, o, ref in zip(group, out, outs["plain"]):
+                if (args.temperature == 0 or args.seeded) and o.token_ids != ref.token_ids:
+                    raise SystemExit(f"{name}: output differs from plain decoding on prompt {item['id']}")
             total[name] += times[name]
-            tokens[name] += len(out.token_ids)
-        for name in configs:   # tokens/s against plain decoding's on the prompt
-            ratios[name].append(len(outs[name].token_ids) / times[name] / (len(ref) / times["plain"]))
+            tokens[name] += count[name]
+        for name in configs:   # tokens/s against plain decoding's on the prompt (the batch)
+            ratios[name].append(count[name] / times[name] / (count["plain"] / times["plain"]))
     rows = []
     for name, llm in llms.items():
         st = llm.stats()
@@ -135,7 +142,7 @@ def main() -> None:
     if args.json:
         write_json({"model": args.model, "workload": args.workload, "heads": args.heads,
                     "head_quantization": args.head_quantization, "adaptive": args.adaptive,
-                    "prompts": len(items),
+                    "prompts": len(items), "batch_size": args.batch_size,
                     "max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                     "top_k": args.top_k,
                     "draft_sampling": args.draft_sampling, **penalties, "output_tokens": tokens, "cpu": cpu_info(),

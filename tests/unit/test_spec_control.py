@@ -267,8 +267,8 @@ def test_steps_where_the_drafter_catches_up_on_a_prompt_are_not_measured(monkeyp
     proposer, backlog, records = llm.engine.proposer, [0], []
     propose, record = proposer.propose, SpeculationControl.record
 
-    def spy_propose(seqs, ks):
-        backlog[0] = max((proposer.backlog(s) for s in seqs), default=0)
+    def spy_propose(seqs, ks):   # the drafter runs every waiting re-run, drafting for it or not
+        backlog[0] = max((len(row.tokens) for row in proposer.waiting.values()), default=0)
         return propose(seqs, ks)
 
     def spy_record(self, seconds, tokens, measured, **kw):
@@ -278,10 +278,43 @@ def test_steps_where_the_drafter_catches_up_on_a_prompt_are_not_measured(monkeyp
     monkeypatch.setattr(SpeculationControl, "record", spy_record)
     usual = 1 + max(proposer.max_draft_tokens, llm.spec.lookup_draft_tokens)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    prompts = ["def add(a, b):\n    return a + b\n" * 12, "import os\nimport sys\n" * 15]
+    prompts = ["def add(a, b):\n    return a + b\n" * 12, "import os\nimport sys\n" * 15, "x = 1\n" * 40]
     ref = [o.token_ids for o in LLM("default").generate(prompts, params)]
-    assert [llm.generate([p], params)[0].token_ids for p in prompts] == ref
+    assert [llm.generate([p], params)[0].token_ids for p in prompts[:2]] == ref[:2]
+    assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     assert records[0][0] >= len(llm.tokenizer.encode(prompts[0]))   # the first step: K = 2, the prompt waiting
     caught_up = [measured for b, measured in records if b > usual]   # prompts, and catch-ups after plain phases
     assert caught_up and not any(caught_up)
     assert any(measured for b, measured in records if b <= usual)
+
+
+class PlainAfterPrefill:
+    """A stand-in control: K = 2 for the step that prefills, plain decoding after it."""
+    def __init__(self):
+        self.steps, self.measured = 0, []
+
+    def for_batch(self, load):
+        self.steps += 1
+        return self
+
+    @property
+    def mode(self):
+        return 2 if self.steps == 1 else 0
+
+    @property
+    def speculate(self):
+        return self.mode != 0
+
+    def record(self, seconds, tokens, measured, **kw):
+        self.measured.append(measured)
+
+
+def test_a_plain_step_that_runs_the_prompts_waiting_re_run_is_not_measured():
+    """The prompt's re-run queued by a speculating prefill step runs in the next step even
+    when that step decodes plainly (the drafter flushes what waits): not a plain step's cost."""
+    llm = LLM("default", spec=SpecConfig(method="mtp", num_draft_tokens=2), adaptive_speculation=True)
+    llm.engine.spec_control = control = PlainAfterPrefill()
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    prompt = "def add(a, b):\n    return a + b\n" * 12
+    assert llm.generate([prompt], params)[0].token_ids == LLM("default").generate([prompt], params)[0].token_ids
+    assert control.measured == [False] + [True] * 6   # 7 decode steps after the prefill

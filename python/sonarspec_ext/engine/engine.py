@@ -247,8 +247,9 @@ class Engine:
         decode = [] if self.step_context.paused else [seq for seq in decoding if self.proposer.ready(seq)]
         cap = control.mode if control is not None else self.proposer.max_draft_tokens
         ks = [min(cap, self._num_drafts(seq)) for seq in decode]
-        # a drafter catching up on a prompt (or on paused steps) costs what no steady step does
-        caught_up = max((self.proposer.backlog(seq) for seq in decode), default=0) > self._usual_backlog
+        # a drafter catching up on a prompt (or on paused steps) costs what no steady step does; it
+        # runs the re-runs waiting for every decoding sequence, drafted for or not
+        caught_up = max((self.proposer.backlog(seq) for seq in decoding), default=0) > self._usual_backlog
         t1 = time.perf_counter()
         drafts = dict(zip((s.seq_id for s in decode), self.proposer.propose(decode, ks)))
         t2 = time.perf_counter()
