@@ -32,21 +32,24 @@ py::array_t<T> to_array(const std::vector<T>& v, std::vector<py::ssize_t> shape)
 
 using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
-// x as an int32, or a ValueError naming `what` (pybind's own cast error names neither).
-int32_t checked_int32(int64_t x, const std::string& what) {
+// x as an int32, or a ValueError naming row `row`'s `field` (pybind's own cast error names
+// neither); the message is only built when it is thrown.
+int32_t checked_int32(int64_t x, size_t row, const char* field) {
   if (x < std::numeric_limits<int32_t>::min() || x > std::numeric_limits<int32_t>::max())
-    throw std::invalid_argument(what + " must fit in 32 bits, got " + std::to_string(x));
+    throw std::invalid_argument("row " + std::to_string(row) + ": " + field + " must fit in 32 bits, got " +
+                                std::to_string(x));
   return static_cast<int32_t>(x);
 }
 
-int32_t int32_arg(const py::handle& v, const std::string& what) {
+int32_t int32_arg(const py::handle& v, size_t row, const char* field) {
   int64_t x = 0;
   try {
     x = v.cast<int64_t>();
   } catch (const py::cast_error&) {
-    throw std::invalid_argument(what + " must be an integer that fits in 32 bits");
+    throw std::invalid_argument("row " + std::to_string(row) + ": " + field +
+                                " must be an integer that fits in 32 bits");
   }
-  return checked_int32(x, what);
+  return checked_int32(x, row, field);
 }
 
 py::dict metadata_dict(std::vector<MetadataRow>& meta_rows, int32_t page_size, int32_t sliding_window,
@@ -65,7 +68,7 @@ void add_trees(std::vector<MetadataRow>& meta_rows, const py::object& trees, std
     if (tree.is_none()) continue;
     py::sequence t = tree;
     r.tree = true;
-    r.tree_begin = int32_arg(t[0], "row " + std::to_string(b) + ": tree begin");
+    r.tree_begin = int32_arg(t[0], b, "tree begin");
     tree_arrays.emplace_back(t[1]);
     tree_arrays.emplace_back(t[2]);
     const auto& bits = tree_arrays[tree_arrays.size() - 2];
@@ -88,15 +91,15 @@ py::dict build_metadata(const py::sequence& rows, const py::object& trees, int32
   std::vector<std::vector<int32_t>> tables(B);
   std::vector<MetadataRow> meta_rows(B);
   for (size_t b = 0; b < B; ++b) {
-    const std::string name = "row " + std::to_string(b);
     py::sequence row = rows[b];
-    if (py::len(row) != 3) throw std::invalid_argument(name + ": needs (start, num_query, page_table)");
+    if (py::len(row) != 3)
+      throw std::invalid_argument("row " + std::to_string(b) + ": needs (start, num_query, page_table)");
     MetadataRow& r = meta_rows[b];
-    r.start = int32_arg(row[0], name + ": start");
-    r.num_query = int32_arg(row[1], name + ": num_query");
+    r.start = int32_arg(row[0], b, "start");
+    r.num_query = int32_arg(row[1], b, "num_query");
     for (const py::handle page : py::sequence(row[2])) {
-      tables[b].push_back(int32_arg(page, name + ": page id"));
-      if (tables[b].back() < 0) throw std::invalid_argument(name + ": page ids must be >= 0");
+      tables[b].push_back(int32_arg(page, b, "page id"));
+      if (tables[b].back() < 0) throw std::invalid_argument("row " + std::to_string(b) + ": page ids must be >= 0");
     }
     r.pages = tables[b].data();
     r.num_pages = static_cast<int32_t>(tables[b].size());
@@ -117,8 +120,8 @@ py::dict planner_metadata(const Planner& planner, const Int64Array& seq_ids, con
   std::vector<MetadataRow> meta_rows(B);
   for (size_t b = 0; b < B; ++b) {
     tables[b] = planner.page_table(seq_ids.data()[b]);
-    meta_rows[b].start = checked_int32(starts.data()[b], "start of row " + std::to_string(b));
-    meta_rows[b].num_query = checked_int32(num_query.data()[b], "num_query of row " + std::to_string(b));
+    meta_rows[b].start = checked_int32(starts.data()[b], b, "start");
+    meta_rows[b].num_query = checked_int32(num_query.data()[b], b, "num_query");
     meta_rows[b].pages = tables[b].data();
     meta_rows[b].num_pages = static_cast<int32_t>(tables[b].size());
   }

@@ -215,7 +215,7 @@ def test_metadata_refuses_values_outside_int32_and_bad_ids():
     p = planner(num_pages=8, page_size=4)
     p.add_request(1, 5)
     p.schedule(0)
-    for starts, nums, message in (([2 ** 32], [1], "start of row 0 must fit"), ([0], [2 ** 32 + 1], "num_query")):
+    for starts, nums, message in (([2 ** 32], [1], "row 0: start must fit"), ([0], [2 ** 32 + 1], "row 0: num_query")):
         with pytest.raises(ValueError, match=message):   # was read as 0 / 1 before: int64 cut to int32
             p.build_metadata(np.array([1]), np.array(starts), np.array(nums), None, 0, True)
 
