@@ -59,6 +59,7 @@ def test_generate_with_confidence_stopped_chains_prints_the_plain_continuation()
     stopped = run_cli(*args, "--spec", "mtp", "--num-draft-tokens", "4", "--draft-stop-prob", "0.3")
     assert plain.returncode == 0 and stopped.returncode == 0, stopped.stderr
     assert stopped.stdout == plain.stdout and "acceptance length" in stopped.stderr
+    assert "drafts accepted" in stopped.stderr and "acceptance length" not in plain.stderr   # no drafts, no tau
 
 
 @pytest.mark.parametrize("args,lookup", [(["--spec", "mtp"], 8), (["--spec", "draft_target"], 8),
