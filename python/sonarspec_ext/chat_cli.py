@@ -16,6 +16,13 @@ HELP = "commands: /reset (new conversation), /exit (or Ctrl-D), /help"
 _COMMAND = re.compile(r"/[A-Za-z?]+")
 
 
+def drafts_summary(steps: int, accepted: int, drafted: int) -> str:
+    """", acceptance length T, A/D drafts accepted" for steps that drafted; "" when none did."""
+    if not drafted:
+        return ""
+    return f", acceptance length {(accepted + steps) / max(steps, 1):.2f}, {accepted}/{drafted} drafts accepted"
+
+
 def chat_turn(llm: LLM, messages: List[dict], params: SamplingParams, out: TextIO = sys.stdout,
               err: TextIO = sys.stderr) -> str:
     """Streams the assistant's reply to ``messages`` to ``out``; one line of speed and
@@ -38,8 +45,8 @@ def chat_turn(llm: LLM, messages: List[dict], params: SamplingParams, out: TextI
     if cached:
         prompt = after["num_prompt_tokens"] - before["num_prompt_tokens"]
         line += f", {cached} of {prompt} prompt tokens from the prefix cache"
+    line += drafts_summary(steps, accepted, drafted)
     if drafted:
-        line += f", acceptance length {(accepted + steps) / max(steps, 1):.2f}, {accepted}/{drafted} drafts accepted"
         lookups = after["num_lookup_steps"] - before["num_lookup_steps"]
         if lookups:
             line += f" ({lookups} of {steps} steps drafted from the context)"

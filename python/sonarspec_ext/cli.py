@@ -128,8 +128,8 @@ def _generate(args) -> int:
     dt = time.perf_counter() - t0
     s = llm.stats()
     n = s["num_output_tokens"]
-    drafts = (f", acceptance length {s['acceptance_length']:.2f}, {s['num_accepted_tokens']}/"
-              f"{s['num_draft_tokens']} drafts accepted" if s["num_draft_tokens"] else "")   # as chat_turn's line
+    from .chat_cli import drafts_summary
+    drafts = drafts_summary(s["num_steps"], s["num_accepted_tokens"], s["num_draft_tokens"])
     print(f"\n--- {n} tokens in {dt:.2f}s ({n / dt:.1f} tok/s), spec={method}{drafts}", file=sys.stderr)
     return 0
 

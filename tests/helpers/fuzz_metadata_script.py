@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fuzz_ops_script import COMPUTED, SETTINGS
+from planners import assert_same_metadata, make_planner
 from sonarspec_ext import _C
 from sonarspec_ext.runtime.metadata import TREE_MAX_NODES, TreeBlock
 from sonarspec_ext.testing.reference_planner import build_metadata_reference
@@ -76,18 +77,6 @@ def valid(page_size, rows, trees):
     return True
 
 
-def same(got, want, what):
-    for key, value in want.items():
-        if key == "mask":
-            assert (value is None) == (got[key] is None), (what, key)
-            if value is not None:
-                assert np.array_equal(got[key].astype(bool), value), (what, key)
-        elif isinstance(value, np.ndarray):
-            assert np.array_equal(got[key], value), (what, key, got[key], value)
-        else:
-            assert got[key] == value, (what, key, got[key], value)
-
-
 @SETTINGS
 @given(case=rows_and_trees(), window=st.sampled_from([0, 0, 3, 20, -1]), want_mask=st.booleans())
 def fuzz_build_metadata(case, window, want_mask):
@@ -100,14 +89,12 @@ def fuzz_build_metadata(case, window, want_mask):
         return
     assert ok, f"an invalid call returned: {case}"
     blocks = None if trees is None else [None if t is None else TreeBlock(*t) for t in trees]
-    same(got, build_metadata_reference(rows, page_size, window if window > 0 else None, blocks, want_mask), case)
+    assert_same_metadata(got, build_metadata_reference(rows, page_size, window if window > 0 else None, blocks, want_mask), case)
     COMPUTED["fuzz_build_metadata"] = COMPUTED.get("fuzz_build_metadata", 0) + 1
 
 
 def _planner():
-    c = _C.PlannerConfig()
-    c.num_pages, c.page_size, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len = 32, 4, 4, 64, 64
-    p = _C.Planner(c)
+    p = make_planner(num_pages=32, page_size=4, max_num_seqs=4, budget=64, max_len=64)
     for sid, n in ((0, 9), (1, 3), (2, 14)):
         p.add_request(sid, n)
     p.schedule(2)
@@ -140,7 +127,7 @@ def fuzz_planner_metadata(rows, window, want_mask):
     assert ok, f"an invalid call returned: {rows}"
     want = build_metadata_reference([(s, n, t) for (_, s, n), t in zip(rows, tables)], PLANNER.page_size,
                                     window or None, None, want_mask)
-    same(got, want, rows)
+    assert_same_metadata(got, want, rows)
     COMPUTED["fuzz_planner_metadata"] = COMPUTED.get("fuzz_planner_metadata", 0) + 1
 
 

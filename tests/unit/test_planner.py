@@ -4,7 +4,7 @@ import random
 import pytest
 
 from sonarspec_ext import _C
-from helpers.planners import make_planner as planner
+from helpers.planners import assert_same_metadata, make_planner as planner
 
 
 def test_pages_cover_scheduled_tokens_and_lookahead():
@@ -188,15 +188,7 @@ def test_native_metadata_matches_the_python_reference():
             got = _C.build_metadata(rows, None if use_trees is None else [
                 None if t is None else (t.begin, t.bits, t.positions) for t in use_trees], page_size, window, want_mask)
             want = build_metadata_reference(rows, page_size, window or None, use_trees, want_mask)
-            for key, value in want.items():
-                if key == "mask":
-                    assert (value is None) == (got[key] is None), key
-                    if value is not None:
-                        assert np.array_equal(got[key].astype(bool), value), (trial, key)
-                elif isinstance(value, np.ndarray):
-                    assert np.array_equal(got[key], value), (trial, key)
-                else:
-                    assert got[key] == value, (trial, key)
+            assert_same_metadata(got, want, trial)
     with pytest.raises(ValueError, match="cannot hold"):
         _C.build_metadata([(10, 3, [0, 1])], None, 4, 0, True)
 

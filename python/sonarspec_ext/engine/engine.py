@@ -249,7 +249,8 @@ class Engine:
         ks = [min(cap, self._num_drafts(seq)) for seq in decode]
         # a drafter catching up on a prompt (or on paused steps) costs what no steady step does; it
         # runs the re-runs waiting for every decoding sequence, drafted for or not
-        caught_up = max((self.proposer.backlog(seq) for seq in decoding), default=0) > self._usual_backlog
+        caught_up = control is not None and max((self.proposer.backlog(seq) for seq in decoding),
+                                                default=0) > self._usual_backlog
         t1 = time.perf_counter()
         drafts = dict(zip((s.seq_id for s in decode), self.proposer.propose(decode, ks)))
         t2 = time.perf_counter()
