@@ -89,7 +89,8 @@ def fuzz_build_metadata(case, window, want_mask):
         return
     assert ok, f"an invalid call returned: {case}"
     blocks = None if trees is None else [None if t is None else TreeBlock(*t) for t in trees]
-    assert_same_metadata(got, build_metadata_reference(rows, page_size, window if window > 0 else None, blocks, want_mask), case)
+    want = build_metadata_reference(rows, page_size, window if window > 0 else None, blocks, want_mask)
+    assert_same_metadata(got, want, case)
     COMPUTED["fuzz_build_metadata"] = COMPUTED.get("fuzz_build_metadata", 0) + 1
 
 
