@@ -2,7 +2,8 @@
 """Where a step's time goes, on the packaged models or ``--model`` (batch 1, greedy or with
 ``--temperature`` sampled, unseeded: rejection sampling; one prompt at a time): per scheme, the
 engine's time split per step and the wall time per step inside the native calls - the
-target's decoder stack, the target's lm_head, the drafter's
+target's decode steps (``decode_rows``: embedding, stack and lm_head in one call), the
+target's decoder stack and lm_head in the other steps (prefill), the drafter's
 refills (``rows_forward``), chains (``chain``) and refills run with their next chain
 (``refill_chain``) - and outside them (Python: planning
 hand-off, metadata, packing, verification, bookkeeping). Schemes run in interleaved
@@ -40,8 +41,9 @@ from sonarspec_ext.models.llama import LlamaForCausalLM
 _spent = collections.defaultdict(float)
 
 
-def _timed(owner, name: str, key: str) -> None:
-    """Replaces ``owner.name`` by a wrapper adding its wall time to ``_spent[key]``."""
+def _timed(owner, name: str, key) -> None:
+    """Replaces ``owner.name`` by a wrapper adding its wall time to ``_spent[key]`` (``key``:
+    a name, or a function of the call's keyword arguments giving one)."""
     fn = getattr(owner, name)
 
     def wrapper(*args, **kwargs):
@@ -49,14 +51,16 @@ def _timed(owner, name: str, key: str) -> None:
         try:
             return fn(*args, **kwargs)
         finally:
-            _spent[key] += time.perf_counter() - t0
+            _spent[key if isinstance(key, str) else key(kwargs)] += time.perf_counter() - t0
     setattr(owner, name, wrapper)
 
 
 def _instrument() -> None:
     _timed(decoder_stack.DecoderStack, "forward", "target stack")
     _timed(LlamaForCausalLM, "compute_logits", "target lm_head")   # drafters' lm_heads run inside their calls
-    _timed(runner_mod, "rows_forward", "drafter refills")
+    # the target's decode steps (ModelRunner.decode_rows: logits at every token) and drafters' refills
+    _timed(runner_mod, "rows_forward",
+           lambda kwargs: "target decode rows" if kwargs.get("all_tokens") else "drafter refills")
     _timed(chains_mod, "chain", "drafter chains")
     _timed(runner_mod, "refill_chain", "drafter refill+chain")   # a refill with its next chain
 

@@ -1,5 +1,6 @@
-"""Property-based fuzzing of native drafting (``ops.stack_drafting``: ``rows_forward``,
-``chain``, ``refill_chain``; hypothesis, seeded) on a tiny draft model: valid rows of
+"""Property-based fuzzing of native drafting (``ops.stack_drafting``: ``rows_forward`` -
+at each row's last token and, as a target's decode rows, at every token - ``chain``,
+``refill_chain``; hypothesis, seeded) on a tiny draft model: valid rows of
 tokens, start positions, page tables and sliding windows drawn at random, then entries
 replaced by out-of-range values and int64 limits. Every call either returns or raises
 ValueError; it returns exactly when every position it runs has its page in the table and
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from fuzz_ops_script import COMPUTED, SETTINGS, index, refused_or
 from fuzz_stack_script import HIDDEN, MAX_POS, PAGE, PAGES, POOLS, SLOTS, STACK, restore_pools
+from sonarspec_ext.ops.limits import SMALL_M_MAX_ROWS
 from sonarspec_ext.ops.stack_drafting import chain, refill_chain, rows_forward
 
 EMBED_ROWS, LM_ROWS = 50, 40
@@ -27,7 +29,7 @@ def _runs(op, starts, lens, steps):
     if op == "chain":
         return [(b, p + r) for r in range(steps) for b, p in enumerate(starts)]
     rows = [(b, s + i) for b, (s, n) in enumerate(zip(starts, lens)) for i in range(n)]
-    if op == "rows":
+    if op in ("rows", "all_tokens"):
         return rows   # refill_chain: its rounds go on after each row
     return rows + [(b, s + n + r) for r in range(steps) for b, (s, n) in enumerate(zip(starts, lens))]
 
@@ -50,7 +52,7 @@ def _slot(table, row, p, page_size):
 
 
 @SETTINGS
-@given(op=st.sampled_from(["rows", "chain", "refill"]), batch=st.integers(1, 3), pages=st.integers(1, 3),
+@given(op=st.sampled_from(["rows", "all_tokens", "chain", "refill"]), batch=st.integers(1, 3), pages=st.integers(1, 3),
        steps=st.integers(0, 3), window=st.sampled_from([0, 0, 2, 5]), vocab_map=st.booleans(),
        seed=st.integers(0, 10 ** 6), corrupt=st.lists(st.sampled_from(FIELDS), max_size=2),
        bad=st.lists(index(-3, 60), min_size=2, max_size=2))
@@ -76,7 +78,8 @@ def fuzz_drafting(op, batch, pages, steps, window, vocab_map, seed, corrupt, bad
     runs = _runs(op, starts, lens_list, steps) if rows_ok else None
     embedded = tokens if op != "chain" or steps > 0 else []
     valid = (runs is not None and page_size > 0 and all(0 <= t < EMBED_ROWS for t in embedded)
-             and all(_position_valid(args["table"], b, p, page_size, window) for b, p in runs))
+             and all(_position_valid(args["table"], b, p, page_size, window) for b, p in runs)
+             and not (op == "all_tokens" and len(tokens) > SMALL_M_MAX_ROWS))   # a float32 lm_head's rows
     row_ids = ROW_IDS if vocab_map else None
     drafted_tokens = set(ROW_IDS.tolist()) if vocab_map else set(range(LM_ROWS))
     inputs = {k: v.clone() for k, v in args.items()}
@@ -84,8 +87,9 @@ def fuzz_drafting(op, batch, pages, steps, window, vocab_map, seed, corrupt, bad
     common = dict(block_table=args["table"], page_size=page_size, window=window, row_ids=row_ids)
 
     def call():
-        if op == "rows":
-            return rows_forward(STACK, EMBED, LM_HEAD, args["tokens"], args["starts"], args["lens"], **common)
+        if op in ("rows", "all_tokens"):
+            return rows_forward(STACK, EMBED, LM_HEAD, args["tokens"], args["starts"], args["lens"],
+                                all_tokens=op == "all_tokens", **common)
         if op == "chain":
             return chain(STACK, EMBED, LM_HEAD, LM_ROWS, args["tokens"], args["starts"], steps=steps, **common)
         return refill_chain(STACK, EMBED, LM_HEAD, LM_ROWS, args["tokens"], args["starts"], args["lens"],
@@ -98,8 +102,9 @@ def fuzz_drafting(op, batch, pages, steps, window, vocab_map, seed, corrupt, bad
             assert drafted.shape == (batch, steps + (op == "refill")), drafted.shape
             assert set(drafted.view(-1).tolist()) <= drafted_tokens, "a drafted token outside the vocabulary"
         if op != "chain":
-            assert out[0].shape == (batch, LM_ROWS) and bool(out[0].isfinite().all())
-            assert out[1].shape == (batch, HIDDEN) and bool(out[1].isfinite().all())
+            n = len(args["tokens"]) if op == "all_tokens" else batch
+            assert out[0].shape == (n, LM_ROWS) and bool(out[0].isfinite().all())
+            assert out[1].shape == (n, HIDDEN) and bool(out[1].isfinite().all())
     ok = refused_or(call, check)
     assert ok or not valid, f"refused valid indices: op={op} corrupt={corrupt} bad={bad}"
     assert all(torch.equal(args[k], v) for k, v in inputs.items()), "an input changed"

@@ -89,15 +89,20 @@ void lm_head(const StackIO& io, const float* h, float* logits, int64_t rows, int
 
 void stack_rows_forward(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, const int64_t* tokens,
                         const float* features, const int64_t* starts, const int64_t* lens, int64_t batch,
-                        float* out_logits, float* out_features, int num_threads) {
+                        float* out_logits, float* out_features, int num_threads, bool all_tokens) {
   const int64_t H = s.hidden;
   int64_t m = 0;
   for (int64_t b = 0; b < batch; ++b) m += lens[b];
   Step step(io, s, m);
-  std::vector<float> out(static_cast<size_t>(m * H));
   for (int64_t b = 0, t = 0; b < batch; ++b) {
     for (int64_t i = 0; i < lens[b]; ++i, ++t) step.set(io, H, t, b, offset(starts[b], i), tokens[t]);
   }
+  if (all_tokens) {
+    step.forward(w, s, features, m, out_features, num_threads);
+    lm_head(io, out_features, out_logits, m, H, num_threads);
+    return;
+  }
+  std::vector<float> out(static_cast<size_t>(m * H));
   step.forward(w, s, features, m, out.data(), num_threads);
   for (int64_t b = 0, t = 0; b < batch; ++b) {  // each row's last token
     t += lens[b];

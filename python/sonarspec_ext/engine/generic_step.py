@@ -6,7 +6,7 @@ import time
 from typing import List
 
 from ..spec.proposer import StepRecord
-from .blocks import pack
+from .blocks import Block, pack
 from ..spec.verify import joined_rows, verify_chains, verify_tree
 from ..sampling.penalties import apply_penalties
 from ..sampling.sampler import sample
@@ -16,10 +16,15 @@ def generic_step(engine, batch, drafts) -> List:
     """Runs the step for ``batch`` with ``drafts`` (seq_id -> Draft); returns the sequences
     that received tokens."""
     t2 = time.perf_counter()
-    ids, positions, meta, blocks, logits_idx = pack(engine, batch, drafts)
-    out = engine.runner.forward(ids, positions, meta, logits_idx,
-                                hidden_indices=slice(None) if engine.proposer.needs_hidden else None)
-    logits, hidden = out if engine.proposer.needs_hidden else (out, None)
+    native = _decode_rows(engine, batch, drafts)
+    if native is not None:
+        blocks, logits, hidden = native
+        hidden = hidden if engine.proposer.needs_hidden else None
+    else:
+        ids, positions, meta, blocks, logits_idx = pack(engine, batch, drafts)
+        out = engine.runner.forward(ids, positions, meta, logits_idx,
+                                    hidden_indices=slice(None) if engine.proposer.needs_hidden else None)
+        logits, hidden = out if engine.proposer.needs_hidden else (out, None)
     t3 = time.perf_counter()
     raw_rows = apply_penalties(logits, blocks)   # penalized requests' raw rows, for their logprobs
     chains = [(_block_logits(logits, b), b.draft, b.seq.params, b.seq)
@@ -66,6 +71,25 @@ def generic_step(engine, batch, drafts) -> List:
     engine.timing["verify"] += t3 - t2
     engine.timing["sample"] += t4 - t3
     return [b.seq for b in blocks if b.at_end]
+
+
+def _decode_rows(engine, batch, drafts):
+    """(blocks, logits, hidden states) of a step where every sequence decodes - its last
+    token, then its chain of drafts, if any - from the runner's one native call
+    (``ModelRunner.decode_rows``): every token has a logits row, so the blocks' rows and
+    logits rows coincide. None for other steps (prefill chunks, draft trees) and where the
+    call does not apply."""
+    rows, blocks, row = [], [], 0
+    for seq, start, n in batch:
+        draft = drafts.get(seq.seq_id)
+        if n != 1 or start != seq.num_tokens - 1 or (draft is not None and draft.tree is not None):
+            return None
+        toks = [seq.output_ids[-1] if seq.output_ids else seq.prompt_ids[-1]] + (draft.token_ids if draft else [])
+        blocks.append(Block(seq, start, row, 1, True, row, draft))
+        rows.append((start, toks, engine.planner.page_table(seq.seq_id)))
+        row += len(toks)
+    out = engine.runner.decode_rows(rows, engine.model_config.sliding_window)
+    return None if out is None else (blocks, *out)
 
 
 def _sample_rows(logits, blocks) -> List[int]:

@@ -99,19 +99,24 @@ def _rows(tokens: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> Tup
 def rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, tokens: torch.Tensor,
                  starts: torch.Tensor, lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
                  window: Optional[int] = None, features: Optional[torch.Tensor] = None,
-                 row_ids: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                 row_ids: Optional[torch.Tensor] = None, all_tokens: bool = False
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rows of tokens (row b: ``lens[b]`` of the packed ``tokens`` at positions
     ``starts[b]``...; its KV through ``block_table[b]``; an MTP head reads ``features``
     (num_tokens, hidden)) -> (float32 logits (rows, lm_head rows), stack outputs (rows,
-    hidden)) at each row's last token. The new tokens' K/V are written to the pools."""
+    hidden)) at each row's last token - with ``all_tokens``, at every token (num_tokens,
+    ...), in packed order. The new tokens' K/V are written to the pools."""
     B, T = _rows(tokens, starts, lens)
+    if all_tokens and not fits(stack, lm_head, T, T):
+        raise ValueError(f"a float32 lm_head runs at most {SMALL_M_MAX_ROWS} rows natively, got {T} tokens")
     args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, T, row_ids)
-    logits = torch.empty(B, lm_head.shape[0], dtype=torch.float32)
-    out = torch.empty(B, stack.hidden, dtype=torch.float32)
+    n = T if all_tokens else B
+    logits = torch.empty(n, lm_head.shape[0], dtype=torch.float32)
+    out = torch.empty(n, stack.hidden, dtype=torch.float32)
     try:
         stack._native.rows_forward(args, tokens.data_ptr(), 0 if features is None else features.data_ptr(),
                                    starts.data_ptr(), lens.data_ptr(), B, logits.data_ptr(), out.data_ptr(),
-                                   native_threads())
+                                   native_threads(), all_tokens)
     except IndexError as e:
         raise ValueError(str(e)) from None
     return logits, out

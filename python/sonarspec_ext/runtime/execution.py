@@ -11,6 +11,10 @@
 - ``torch_ops``: op by op on torch's kernels with torch's threads (large prefills, GPUs).
 
 The limits live in ``ops/limits.py``; the counts appear in ``LLM.stats()["execution"]``.
+Steps where every sequence decodes (its last token and a chain of drafts) take the native
+stack as one call from token ids to logits (``ModelRunner.decode_rows``) unless
+``decode_rows`` is False (the per-op bookkeeping around the stack instead: the same
+results, for comparison).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ PATHS = ("cuda_graph", "native_stack", "native_ops", "torch_ops")
 class ExecutionPolicy:
     def __init__(self):
         self.counts = dict.fromkeys(PATHS, 0)
+        self.decode_rows = True
 
     def record(self, path: str) -> None:
         self.counts[path] += 1

@@ -100,15 +100,16 @@ class ModelRunner:
         return self.forward(ids_t, positions, meta, last_t,
                             hidden_indices=None if features is None else last_t, features=features)
 
-    def _native_inputs(self, rows):
+    def _native_inputs(self, rows, all_tokens: bool = False):
         """(stack, (embed, lm_head rows), row token ids or None, block table, token ids,
         starts, lengths) for re-running rows natively (``ops.stack_drafting``) when the
-        model runs as a stack and the rows are a small step; else None."""
+        model runs as a stack and the rows are a small step (``all_tokens``: logits at
+        every token); else None."""
         full = self.model.drafting_io() if self.device.type == "cpu" and self.graphs is None else None
         io, row_ids = (None, None) if full is None else (full[:2], full[2])
         num_tokens = sum(len(toks) for _, toks, _ in rows)
         stack = self.stack() if io is not None and num_tokens <= NATIVE_ATTENTION_MAX_TOKENS else None
-        if stack is None or not fits(stack, io[1], len(rows), num_tokens):
+        if stack is None or not fits(stack, io[1], num_tokens if all_tokens else len(rows), num_tokens):
             return None
         table = block_table([t for *_, t in rows])
         packed = [tok for _, toks, _ in rows for tok in toks]    # tokens, then starts, then lengths
@@ -116,17 +117,30 @@ class ModelRunner:
         packed = torch.from_numpy(np.asarray(packed, dtype=np.int64))
         return stack, io, row_ids, table, packed[:num_tokens], packed[num_tokens:-len(rows)], packed[-len(rows):]
 
-    def _native_rows(self, rows, sliding_window, features):
+    def _native_rows(self, rows, sliding_window, features, all_tokens: bool = False):
         """``forward_rows`` (logits, outputs) as one native call; None where it does not apply."""
-        inputs = self._native_inputs(rows)
+        inputs = self._native_inputs(rows, all_tokens)
         if inputs is None:
             return None
         stack, io, row_ids, table, ids, starts, lens = inputs
         self.policy.record("native_stack")
         with torch.inference_mode(), self.threads.native():
             logits, outs = rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size, sliding_window,
-                                        None if features is None else features.to(torch.float32), row_ids)
+                                        None if features is None else features.to(torch.float32), row_ids,
+                                        all_tokens=all_tokens)
         return vocab_logits(logits, row_ids, self.model.vocab_size), outs
+
+    def decode_rows(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int]):
+        """A step of decoding rows - (start, the sequence's last token and its drafts, page
+        table) - as one native call (embedding, stack and lm_head, the kernels ``forward``
+        runs, so the same bits): (float32 logits, final hidden states) at every token in
+        packed order, or None where the call does not apply (not a CPU stack step, layers
+        captured for a drafter's fused features, ``policy.decode_rows`` off). Spares a
+        decode step the per-op bookkeeping in Python, which costs most after the weights
+        have streamed through the caches."""
+        if self.capture or not self.policy.decode_rows or not self.native_attention:
+            return None
+        return self._native_rows(rows, sliding_window, None, all_tokens=True)
 
     def refill_chain(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int], vocab: int,
                      steps: int, features: Optional[torch.Tensor] = None, stop_below: Optional[float] = None,
