@@ -23,6 +23,8 @@ from ..sampling.logprobs import token_logprobs
 from ..spec.factory import make_proposer, resolve_draft
 from ..spec.proposer import StepContext
 from .config import EngineConfig, kv_cache_dtype
+from .admission import admitted_prompt
+from .failures import fail_step
 from .generic_step import generic_step
 from .output import OutputProcessor
 from .request import Request
@@ -123,27 +125,7 @@ class Engine:
     # ---- requests -------------------------------------------------------------------
     def add_request(self, prompt: Union[str, List[int]], params: SamplingParams) -> int:
         """Queues a request; raises ``ValueError`` for bad input without touching others."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = list(prompt)
-        else:
-            raise ValueError("prompt must be a string or a list of token ids")
-        if not ids:
-            raise ValueError("prompt is empty: at least one token is needed")
-        bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary "
-                             f"[0, {self.model_config.vocab_size})")
-        bias = [t for t in params.logit_bias or () if t >= self.model_config.vocab_size]
-        if bias:
-            raise ValueError(f"logit_bias token id {bias[0]} is outside the vocabulary "
-                             f"[0, {self.model_config.vocab_size})")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens but the context holds {self.max_model_len} "
-                             f"(prompt plus at least one generated token)")
+        ids = admitted_prompt(prompt, params, self.tokenizer, self.model_config.vocab_size, self.max_model_len)
         seq_id = next(self._ids)
         self.planner.add_request(seq_id, len(ids), ids if self.config.enable_prefix_caching else [])
         self.seqs[seq_id] = Request(seq_id, ids, params, self.eos_ids, self.device, self.tokenizer)
@@ -187,32 +169,10 @@ class Engine:
             try:
                 return self._step()
             except BaseException as e:
-                self._fail_step(e)
+                fail_step(self, e)
                 if not isinstance(e, Exception):
                     raise
                 return []
-
-    def _fail_step(self, error: BaseException) -> None:
-        failed = self._step_seq_ids
-        if not failed and isinstance(error, Exception):   # planning failed: no retry gets past it
-            failed = [sid for sid, seq in self.seqs.items() if not seq.finished]
-        log.error("engine step failed (%s: %s); %d request(s) finish with an error", type(error).__name__, error,
-                  len(failed), exc_info=error)
-        if self._next_plan is not None:
-            try:
-                self._next_plan.wait()
-            finally:
-                self._next_plan = None
-        for sid in failed:
-            seq = self.seqs.get(sid)
-            if seq is not None and not seq.finished:
-                seq.error = f"{type(error).__name__}: {error}"
-                try:
-                    self.output.finish(seq, "error")
-                except Exception:   # the state that failed may fail again: free the pages regardless
-                    seq.finish_reason = "error"
-                    if self.planner.has(sid):
-                        self.planner.finish(sid)
 
     def _step(self) -> List[Request]:
         t0 = time.perf_counter()
