@@ -12,6 +12,8 @@ import pytest
 
 from helpers.server import KEY, post as _post, wait_until_idle as _wait_until_idle
 from sonarspec_ext import SamplingParams
+from sonarspec_ext.server.engine_loop import Done
+from sonarspec_ext.server.responses import speculation_figures
 
 
 def test_completions_and_chat_equal_the_library(server):
@@ -32,6 +34,24 @@ def test_completions_and_chat_equal_the_library(server):
     want = oracle.chat(msgs, SamplingParams(max_tokens=20, temperature=0))[0]
     assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": want.text}
     assert r.json()["speculation"]["num_draft_tokens"] > 0
+    assert r.json()["speculation"]["acceptance_length"] >= 1.0
+    r = _post(url, "/v1/chat/completions", {"messages": msgs, "max_completion_tokens": 20, "temperature": 0,
+                                            "max_draft_tokens": 0})
+    assert r.status_code == 200, r.text   # no drafts: every verification step gives one token
+    assert r.json()["choices"][0]["message"]["content"] == want.text
+    assert r.json()["speculation"] == {"num_draft_tokens": 0, "num_accepted_tokens": 0, "acceptance_length": 1.0}
+
+
+def test_speculation_figures_of_requests_that_never_verified_drafts():
+    """Requests decoded plainly throughout (speculation paused by the load control, or an
+    engine without a drafter) ran no verification step: no acceptance length (null), not
+    0.0; with steps, drafted and accepted tokens over the choices together."""
+    plain = Done("stop", 3, 5, {"num_steps": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0})
+    none = {"num_draft_tokens": 0, "num_accepted_tokens": 0, "acceptance_length": None}
+    assert speculation_figures([plain]) == none
+    drafted = Done("length", 3, 9, {"num_steps": 4, "num_draft_tokens": 8, "num_accepted_tokens": 5})
+    both = {"num_draft_tokens": 8, "num_accepted_tokens": 5, "acceptance_length": 2.25}
+    assert speculation_figures([plain, drafted]) == both
 
 
 def test_streaming_is_the_same_text_in_openai_chunks(server):
@@ -107,7 +127,8 @@ def test_sonarspec_serve_command(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "sonarspec_ext.cli", "serve", "--model", "default", "--port",
-                             str(port), "--spec", "mtp", "--spec-max-batch", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(port), "--spec", "mtp", "--spec-max-batch", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(600):

@@ -63,14 +63,15 @@ def _usage(choices: Sequence[Choice], dones: Sequence[Done]) -> Dict[str, Any]:
                  sum(d.stats.get("num_cached_tokens", 0) for d in counted))
 
 
-def _spec(dones: Sequence[Done]) -> Dict[str, Any]:
+def speculation_figures(dones: Sequence[Done]) -> Dict[str, Any]:
     """The speculation figures of the choices together: drafted and accepted tokens, and
-    tokens per verification step."""
+    tokens per verification step (None where no step verified drafts: every token came
+    from plain decoding)."""
     stats = [d.stats for d in dones]
     steps = sum(s.get("num_steps", 0) for s in stats)
     drafted, accepted = (sum(s.get(k, 0) for s in stats) for k in ("num_draft_tokens", "num_accepted_tokens"))
     return {"num_draft_tokens": drafted, "num_accepted_tokens": accepted,
-            "acceptance_length": (accepted + steps) / steps if steps else 0.0}
+            "acceptance_length": (accepted + steps) / steps if steps else None}
 
 
 async def respond(request: Request, loop: EngineLoop, choices: Sequence[Choice], req, model_name: str, chat: bool):
@@ -105,7 +106,7 @@ async def _whole(request, loop, choices, rid, model_name, chat, token_text):
     dones = [done for _, _, done in results]
     bodies = [choice_body(i, text, done.finish_reason, chat, logprobs_body(entries, token_text, chat))
               for i, (text, entries, done) in enumerate(results)]
-    return completion_body(rid, model_name, bodies, _usage(choices, dones), chat, _spec(dones))
+    return completion_body(rid, model_name, bodies, _usage(choices, dones), chat, speculation_figures(dones))
 
 
 async def _tagged(loop: EngineLoop, choices: Sequence[Choice], request: Request):
