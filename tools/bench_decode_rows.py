@@ -17,15 +17,12 @@ import time
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
 from sonarspec_ext.assets import resolve
 from sonarspec_ext.bench import cpu_info, rotated, write_json
-from sonarspec_ext.bench.spec import bench_prompts
+from sonarspec_ext.bench.spec import bench_prompts, run_batches
 from sonarspec_ext.spec.factory import find_mtp_head
 
 
 def run(llm: LLM, prompts, params, batch_size: int):
-    out = []
-    for i in range(0, len(prompts), batch_size):
-        out += [o.token_ids for o in llm.generate(prompts[i:i + batch_size], params[i:i + batch_size])]
-    return out
+    return [o.token_ids for o in run_batches(llm, prompts, params, batch_size)]
 
 
 def main() -> None:

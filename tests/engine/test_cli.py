@@ -170,13 +170,13 @@ def test_bench_eagle_tree_sets_trees_beside_chains_and_times_attention(llama_dir
 
 def test_bench_spec_records_a_failing_scheme_and_measures_the_rest(llama_dir, draft_dir, monkeypatch, capsys):
     import sonarspec_ext.bench.spec as bs
-    run = bs._run_llm
+    run = bs.run_batches
 
     def flaky(llm, *args):
         if llm.engine.spec.num_draft_tokens == 3:
             raise RuntimeError("kernel launch failed")
         return run(llm, *args)
-    monkeypatch.setattr(bs, "_run_llm", flaky)
+    monkeypatch.setattr(bs, "run_batches", flaky)
     info = bs.bench_spec(llama_dir, draft_dir, ks=(2, 3), batch_sizes=(1,), max_tokens=4, repeats=1,
                          with_transformers=False, mtp_ks=(), with_ngram=False)
     rows = {r["scheme"]: r for r in info["results"]}

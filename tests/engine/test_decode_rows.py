@@ -4,11 +4,14 @@ path every other step takes: the same logits and hidden states bit for bit on th
 cache, the same tokens from the engine whichever path runs (plain, draft chains, seeded
 sampling, a batch), and the steps it leaves to the per-op path."""
 import importlib.util
+import json
+import sys
 
 import numpy as np
 import pytest
 import torch
 
+from helpers.tools import import_tool
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
 from sonarspec_ext.runtime.transfer import to_device
 
@@ -96,3 +99,16 @@ def test_engine_tokens_equal_with_and_without_native_decode_rows(spec):
     without, none = _generate(llm, prompts, params, False)
     assert with_native == without
     assert none == 0 and native_steps >= 10
+
+
+def test_bench_decode_rows_tool_times_both_paths_with_equal_outputs(tmp_path, monkeypatch):
+    """``tools/bench_decode_rows.py`` on the packaged target: a row per scheme and batch size,
+    both paths timed (it exits if their outputs differ)."""
+    out = tmp_path / "rows.json"
+    monkeypatch.setattr(sys, "argv", ["bench_decode_rows", "--model", "default", "--rounds", "2", "--max-tokens", "6",
+                                      "--batch-sizes", "1", "3", "--json", str(out)])
+    import_tool("bench_decode_rows").main()
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["scheme"], r["batch_size"]) for r in rows] == [("plain", 1), ("plain", 3), ("mtp K=3", 1),
+                                                              ("mtp K=3", 3)]
+    assert all(r["native_tok_s"] > 0 and r["per_op_tok_s"] > 0 and len(r["native_rounds"]) == 2 for r in rows)

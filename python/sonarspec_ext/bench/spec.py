@@ -57,7 +57,8 @@ def bench_prompts(llm: LLM) -> list:
     return [llm.chat_request([{"role": "user", "content": q}], params)[0] for q in CHAT_QUESTIONS]
 
 
-def _run_llm(llm: LLM, prompts: List[str], params: List[SamplingParams], batch_size: int):
+def run_batches(llm: LLM, prompts: List[str], params: List[SamplingParams], batch_size: int):
+    """``llm``'s outputs for ``prompts``, generated ``batch_size`` at a time."""
     out = []
     for i in range(0, len(prompts), batch_size):
         out += llm.generate(prompts[i:i + batch_size], params[i:i + batch_size])
@@ -152,12 +153,12 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
         # runs of every prompt: the reference, each scheme's check, then the timing rounds
         bar = tqdm(total=1 + len(schemes) * (1 + repeats), desc=f"bench batch {bs}", unit="run", leave=False,
                    dynamic_ncols=True)
-        ref = [o.token_ids for o in _run_llm(llms["plain"], prompts, params, bs)]
+        ref = [o.token_ids for o in run_batches(llms["plain"], prompts, params, bs)]
         bar.update()
         agree = {}
         for name, _ in list(schemes):
             try:
-                got = [o.token_ids for o in _run_llm(llms[name], prompts, params, bs)]
+                got = [o.token_ids for o in run_batches(llms[name], prompts, params, bs)]
             except Exception as e:   # one scheme failing (say, on a new device) leaves the others measured
                 if name == "plain":
                     raise
@@ -174,7 +175,7 @@ def bench_spec(target: str = "default", draft: Optional[str] = "default", ks=(2,
         for r in range(repeats):
             for name, _ in rotated(schemes, r):
                 t0 = time.perf_counter()
-                _run_llm(llms[name], prompts, params, bs)
+                run_batches(llms[name], prompts, params, bs)
                 times[name].append(time.perf_counter() - t0)
                 bar.set_postfix_str(f"round {r + 1}/{repeats}: {name}")
                 bar.update()
