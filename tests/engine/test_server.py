@@ -64,6 +64,7 @@ def test_streaming_is_the_same_text_in_openai_chunks(server):
         lines = [ln for ln in r.iter_lines() if ln]
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    assert chunks[0]["choices"][0]["text"], "a completions stream opens with text (no empty chunk)"
     text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     want = oracle.generate(["class Stack:"], SamplingParams(max_tokens=30, temperature=0))[0]
     assert text == want.text

@@ -140,8 +140,8 @@ async def _tagged(loop: EngineLoop, choices: Sequence[Choice], request: Request)
 async def _stream(request, loop, choices, req, rid, model_name, chat, token_text):
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     created = int(time.time())
-    for i in range(len(choices)):
-        yield _sse(chunk_body(rid, model_name, created, chat, text="" if chat else None, role=True, index=i))
+    for i in range(len(choices) if chat else 0):   # chat streams open with the role; completions with text
+        yield _sse(chunk_body(rid, model_name, created, chat, text="", role=True, index=i))
     offsets = [0] * len(choices)   # completions' text_offset of each choice's next token
     dones: List[Done] = [None] * len(choices)
     open_streams = len(choices)
