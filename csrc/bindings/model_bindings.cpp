@@ -164,13 +164,14 @@ class DecoderStack {
   }
 
   void rows_forward(const IOArgs& io_args, uintptr_t tokens, uintptr_t features, uintptr_t starts, uintptr_t lens,
-                    int64_t batch, uintptr_t out_logits, uintptr_t out_features, int num_threads, bool all_tokens) {
+                    int64_t batch, uintptr_t out_logits, uintptr_t out_features, int num_threads, bool all_tokens,
+                    uintptr_t out_top, int64_t top_vocab) {
     const StackIO io = make_io(io_args, features, batch);
     auto i = [](uintptr_t p) { return reinterpret_cast<const int64_t*>(p); };
     py::gil_scoped_release release;
     stack_rows_forward(weights_, shape_, io, i(tokens), reinterpret_cast<const float*>(features), i(starts), i(lens),
                        batch, reinterpret_cast<float*>(out_logits), reinterpret_cast<float*>(out_features),
-                       num_threads, all_tokens);
+                       num_threads, all_tokens, reinterpret_cast<int64_t*>(out_top), top_vocab);
   }
 
   void refill_chain(const IOArgs& io_args, int64_t vocab, uintptr_t tokens, uintptr_t features, uintptr_t starts,
@@ -244,7 +245,7 @@ void bind_decoder_stack(py::module_& m) {
            "Chain drafting: steps rounds of embed, stack, lm_head, then the top token or a draw (stack_drafting.h).")
       .def("rows_forward", &DecoderStack::rows_forward,
            "Embed, stack and lm_head over rows of tokens: logits and outputs at each row's last token (all_tokens: "
-           "at every token).")
+           "at every token); with out_top, each logits row's top token among its first top_vocab.")
       .def("refill_chain", &DecoderStack::refill_chain,
            "A drafter's rows_forward, then each row's top token (or a draw) and a chain from it.")
       .def_property_readonly("num_layers", &DecoderStack::num_layers);

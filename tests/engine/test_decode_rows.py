@@ -50,6 +50,7 @@ def test_decode_rows_equal_the_per_op_forward_bit_for_bit(target, request):
         per_op = _per_op(runner, rows, window)   # the same slots: it rewrites the same K/V
         assert native[0].shape == (7, llm.engine.model_config.vocab_size) and native[1].shape[0] == 7
         assert torch.equal(native[0], per_op[0]) and torch.equal(native[1], per_op[1])
+        assert native[2] == per_op[0].numpy().argmax(-1).tolist()   # the top tokens, computed natively
 
 
 def test_decode_rows_leave_captured_layers_to_the_per_op_path(llama_dir):

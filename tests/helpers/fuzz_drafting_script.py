@@ -85,11 +85,12 @@ def fuzz_drafting(op, batch, pages, steps, window, vocab_map, seed, corrupt, bad
     inputs = {k: v.clone() for k, v in args.items()}
     before = [[p.clone() for p in pair] for pair in POOLS]
     common = dict(block_table=args["table"], page_size=page_size, window=window, row_ids=row_ids)
+    top_vocab = [None, LM_ROWS, int(rand(1, LM_ROWS + 1, 1))][seed % 3]   # the rows' argmax over a prefix, or none
 
     def call():
         if op in ("rows", "all_tokens"):
             return rows_forward(STACK, EMBED, LM_HEAD, args["tokens"], args["starts"], args["lens"],
-                                all_tokens=op == "all_tokens", **common)
+                                all_tokens=op == "all_tokens", top_vocab=top_vocab, **common)
         if op == "chain":
             return chain(STACK, EMBED, LM_HEAD, LM_ROWS, args["tokens"], args["starts"], steps=steps, **common)
         return refill_chain(STACK, EMBED, LM_HEAD, LM_ROWS, args["tokens"], args["starts"], args["lens"],
@@ -105,6 +106,9 @@ def fuzz_drafting(op, batch, pages, steps, window, vocab_map, seed, corrupt, bad
             n = len(args["tokens"]) if op == "all_tokens" else batch
             assert out[0].shape == (n, LM_ROWS) and bool(out[0].isfinite().all())
             assert out[1].shape == (n, HIDDEN) and bool(out[1].isfinite().all())
+        if op in ("rows", "all_tokens"):
+            want = None if top_vocab is None else out[0][:, :top_vocab].numpy().argmax(-1).tolist()
+            assert out[2] == want, (out[2], want)
     ok = refused_or(call, check)
     assert ok or not valid, f"refused valid indices: op={op} corrupt={corrupt} bad={bad}"
     assert all(torch.equal(args[k], v) for k, v in inputs.items()), "an input changed"

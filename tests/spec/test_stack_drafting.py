@@ -227,6 +227,10 @@ def test_greedy_chain_rejects_bad_input():
         rows_forward(stack, embed, lm_head, one, torch.tensor([3]), torch.tensor([0]), table, 16)
     with pytest.raises(ValueError, match="token 9000 out of range"):
         rows_forward(stack, embed, lm_head, torch.tensor([9000]), torch.tensor([3]), torch.tensor([1]), table, 16)
+    for top_vocab in (0, lm_head.shape[0] + 1, 2.0):
+        with pytest.raises(ValueError, match="top_vocab must be an integer"):
+            rows_forward(stack, embed, lm_head, one, torch.tensor([3]), torch.tensor([1]), table, 16,
+                         top_vocab=top_vocab)
     with pytest.raises(ValueError, match="one per lm_head row"):
         chain(stack, embed, lm_head, 100, one, torch.tensor([3]), table, 16, 0, 2, row_ids=torch.arange(5))
     with pytest.raises(ValueError, match=r"row_ids must lie in \[0, "):
@@ -251,7 +255,7 @@ def test_refill_chain_equals_rows_forward_then_top_token_then_chain(method):
     runner, rows, feats = _drafter_rows(method, seed=1)
     logits, outputs, tokens, scores, probs = runner.refill_chain(rows, None, 8192, 3, features=feats)
     assert scores is None and probs is None
-    ref_logits, ref_outputs = runner._native_rows(rows, None, feats)
+    ref_logits, ref_outputs, _ = runner._native_rows(rows, None, feats)
     first = ref_logits.argmax(-1)
     positions = torch.tensor([start + len(toks) for start, toks, _ in rows])
     embed, lm_head, row_ids = runner.model.drafting_io()
@@ -304,7 +308,7 @@ def test_chain_scores_are_the_drafter_probabilities_and_stop_the_chain():
     assert torch.allclose(scores[:, 0].double(), torch.softmax(logits.double(), -1).max(-1).values, rtol=1e-5)
     for j in range(1, 4):
         after = [(start + len(toks) + j - 1, [int(tokens[b, j - 1])], t) for b, (start, toks, t) in enumerate(rows)]
-        round_logits, _ = runner._native_rows(after, None, None)
+        round_logits = runner._native_rows(after, None, None)[0]
         expect = torch.softmax(round_logits.double(), -1).gather(1, tokens[:, j:j + 1]).squeeze(1)
         assert torch.allclose(scores[:, j].double(), expect, rtol=1e-5)
     first = scores[:, 0].clone()

@@ -32,12 +32,13 @@ struct StackIO {
 // Runs the stack over all of them and writes the logits of each row's last token to
 // out_logits (batch, lm_rows) and its stack output to out_features (batch, hidden) - with
 // all_tokens, of every token: (sum lens, lm_rows) and (sum lens, hidden), in packed order
-// (a target's decode and verification rows).
+// (a target's decode and verification rows). With out_top, also the top token of each
+// logits row among its first top_vocab logits (top_token: lm_head row ids, in [0, lm_rows)).
 // Throws std::out_of_range for a token or position outside the tables.
 void stack_rows_forward(const DecoderStackWeights& weights, const DecoderShape& shape, const StackIO& io,
                         const int64_t* tokens, const float* features, const int64_t* starts, const int64_t* lens,
                         int64_t batch, float* out_logits, float* out_features, int num_threads,
-                        bool all_tokens = false);
+                        bool all_tokens = false, int64_t* out_top = nullptr, int64_t top_vocab = 0);
 
 // Drawing chain tokens from the drafter's distribution instead of taking its top token:
 // per sequence b, temperature[b] > 0 draws from processed_probs_cpu of the first `vocab`

@@ -89,7 +89,12 @@ void lm_head(const StackIO& io, const float* h, float* logits, int64_t rows, int
 
 void stack_rows_forward(const DecoderStackWeights& w, const DecoderShape& s, const StackIO& io, const int64_t* tokens,
                         const float* features, const int64_t* starts, const int64_t* lens, int64_t batch,
-                        float* out_logits, float* out_features, int num_threads, bool all_tokens) {
+                        float* out_logits, float* out_features, int num_threads, bool all_tokens, int64_t* out_top,
+                        int64_t top_vocab) {
+  if (out_top != nullptr && (top_vocab < 1 || top_vocab > io.lm_rows)) {
+    throw std::out_of_range("top_vocab " + std::to_string(top_vocab) + " is outside [1, " +
+                            std::to_string(io.lm_rows) + "] (the lm_head's rows)");
+  }
   const int64_t H = s.hidden;
   int64_t m = 0;
   for (int64_t b = 0; b < batch; ++b) m += lens[b];
@@ -97,18 +102,21 @@ void stack_rows_forward(const DecoderStackWeights& w, const DecoderShape& s, con
   for (int64_t b = 0, t = 0; b < batch; ++b) {
     for (int64_t i = 0; i < lens[b]; ++i, ++t) step.set(io, H, t, b, offset(starts[b], i), tokens[t]);
   }
+  const int64_t rows = all_tokens ? m : batch;
   if (all_tokens) {
     step.forward(w, s, features, m, out_features, num_threads);
-    lm_head(io, out_features, out_logits, m, H, num_threads);
-    return;
+  } else {
+    std::vector<float> out(static_cast<size_t>(m * H));
+    step.forward(w, s, features, m, out.data(), num_threads);
+    for (int64_t b = 0, t = 0; b < batch; ++b) {  // each row's last token
+      t += lens[b];
+      std::memcpy(out_features + b * H, out.data() + (t - 1) * H, sizeof(float) * H);
+    }
   }
-  std::vector<float> out(static_cast<size_t>(m * H));
-  step.forward(w, s, features, m, out.data(), num_threads);
-  for (int64_t b = 0, t = 0; b < batch; ++b) {  // each row's last token
-    t += lens[b];
-    std::memcpy(out_features + b * H, out.data() + (t - 1) * H, sizeof(float) * H);
+  lm_head(io, out_features, out_logits, rows, H, num_threads);
+  if (out_top != nullptr) {
+    for (int64_t r = 0; r < rows; ++r) out_top[r] = top_token(out_logits + r * io.lm_rows, top_vocab);
   }
-  lm_head(io, out_features, out_logits, batch, H, num_threads);
 }
 
 const float* DraftPenalties::apply(const float* l, int64_t b, int64_t vocab, float* scratch) const {

@@ -17,8 +17,9 @@ def generic_step(engine, batch, drafts) -> List:
     that received tokens."""
     t2 = time.perf_counter()
     native = _decode_rows(engine, batch, drafts)
+    tops = None   # each logits row's top token, where the native call gave them
     if native is not None:
-        blocks, logits, hidden = native
+        blocks, logits, hidden, tops = native
         hidden = hidden if engine.proposer.needs_hidden else None
     else:
         ids, positions, meta, blocks, logits_idx = pack(engine, batch, drafts)
@@ -27,11 +28,11 @@ def generic_step(engine, batch, drafts) -> List:
         logits, hidden = out if engine.proposer.needs_hidden else (out, None)
     t3 = time.perf_counter()
     raw_rows = apply_penalties(logits, blocks)   # penalized requests' raw rows, for their logprobs
-    chains = [(_block_logits(logits, b), b.draft, b.seq.params, b.seq)
-              for b in blocks if b.at_end and b.draft is not None and b.draft.tree is None]
-    chain_results = iter(verify_chains(chains))
+    chain_blocks = [b for b in blocks if b.at_end and b.draft is not None and b.draft.tree is None]
+    chains = [(_block_logits(logits, b), b.draft, b.seq.params, b.seq) for b in chain_blocks]
+    chain_results = iter(verify_chains(chains, [_block_tops(tops, b) for b in chain_blocks]))
     plain = [j for j, b in enumerate(blocks) if b.at_end and b.draft is None]
-    plain_tokens = dict(zip(plain, _sample_rows(logits, [blocks[j] for j in plain])))
+    plain_tokens = dict(zip(plain, _sample_rows(logits, [blocks[j] for j in plain], tops)))
     results = []
     for j, b in enumerate(blocks):
         seq, end = b.seq, b.row + b.num_tokens
@@ -92,14 +93,26 @@ def _decode_rows(engine, batch, drafts):
     return None if out is None else (blocks, *out)
 
 
-def _sample_rows(logits, blocks) -> List[int]:
+def _sample_rows(logits, blocks, tops) -> List[int]:
     """A token for each of ``blocks`` (no drafts: one logits row each) from one ``sample``
     call over their rows - the tokens one call per block gives, each request drawing from
-    its own uniforms."""
+    its own uniforms - or, where every block is greedy and ``tops`` has its row's top
+    token, those."""
     if not blocks:
         return []
+    known = [_block_tops(tops, b) for b in blocks]
+    if all(t is not None and b.seq.params.greedy for t, b in zip(known, blocks)):
+        return [t[0] for t in known]
     return sample(joined_rows([_block_logits(logits, b) for b in blocks]), [b.seq.params for b in blocks],
                   [b.seq for b in blocks])
+
+
+def _block_tops(tops, b):
+    """The top tokens of block ``b``'s logits rows from the step's ``tops``, or None where
+    there are none or its request's penalties or bias changed its rows since."""
+    if tops is None or b.seq.params.penalized:
+        return None
+    return tops[b.logits_offset:b.logits_offset + b.num_logits]
 
 
 def _hidden_rows(hidden, used: List[int]):

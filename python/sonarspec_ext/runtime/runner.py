@@ -89,7 +89,7 @@ class ModelRunner:
         if not all_tokens and (trees is None or all(t is None for t in trees)):
             out = self._native_rows(rows, sliding_window, features)
             if out is not None:
-                return out if features is not None else out[0]
+                return out[:2] if features is not None else out[0]
         ids, meta_rows, last = [], [], []
         for start, toks, table in rows:
             ids.extend(toks)
@@ -117,30 +117,34 @@ class ModelRunner:
         packed = torch.from_numpy(np.asarray(packed, dtype=np.int64))
         return stack, io, row_ids, table, packed[:num_tokens], packed[num_tokens:-len(rows)], packed[-len(rows):]
 
-    def _native_rows(self, rows, sliding_window, features, all_tokens: bool = False):
-        """``forward_rows`` (logits, outputs) as one native call; None where it does not apply."""
+    def _native_rows(self, rows, sliding_window, features, all_tokens: bool = False, top: bool = False):
+        """``forward_rows`` (logits, outputs, top tokens) as one native call; None where it does
+        not apply. Top tokens (with ``top``, where the lm_head is the whole vocabulary): each
+        logits row's argmax, as ``sampling.sampler.top_tokens`` gives it; else None."""
         inputs = self._native_inputs(rows, all_tokens)
         if inputs is None:
             return None
         stack, io, row_ids, table, ids, starts, lens = inputs
         self.policy.record("native_stack")
         with torch.inference_mode(), self.threads.native():
-            logits, outs = rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size, sliding_window,
-                                        None if features is None else features.to(torch.float32), row_ids,
-                                        all_tokens=all_tokens)
-        return vocab_logits(logits, row_ids, self.model.vocab_size), outs
+            logits, outs, tops = rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size,
+                                              sliding_window, None if features is None else features.to(torch.float32),
+                                              row_ids, all_tokens=all_tokens,
+                                              top_vocab=io[1].shape[0] if top and row_ids is None else None)
+        return vocab_logits(logits, row_ids, self.model.vocab_size), outs, tops
 
     def decode_rows(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int]):
         """A step of decoding rows - (start, the sequence's last token and its drafts, page
         table) - as one native call (embedding, stack and lm_head, the kernels ``forward``
-        runs, so the same bits): (float32 logits, final hidden states) at every token in
-        packed order, or None where the call does not apply (not a CPU stack step, layers
-        captured for a drafter's fused features, ``policy.decode_rows`` off). Spares a
-        decode step the per-op bookkeeping in Python, which costs most after the weights
-        have streamed through the caches."""
+        runs, so the same bits): (float32 logits, final hidden states, top tokens) at every
+        token in packed order - top tokens as ``_native_rows`` gives them, a list or None -
+        or None where the call does not apply (not a CPU stack step, layers captured for a
+        drafter's fused features, ``policy.decode_rows`` off). Spares a decode step the
+        per-op bookkeeping in Python, which costs most after the weights have streamed
+        through the caches."""
         if self.capture or not self.policy.decode_rows or not self.native_attention:
             return None
-        return self._native_rows(rows, sliding_window, None, all_tokens=True)
+        return self._native_rows(rows, sliding_window, None, all_tokens=True, top=True)
 
     def refill_chain(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int], vocab: int,
                      steps: int, features: Optional[torch.Tensor] = None, stop_below: Optional[float] = None,

@@ -67,20 +67,25 @@ def _greedy_result(best: List[int], draft_ids: List[int]) -> Tuple[List[int], in
     return best[:a + 1], a
 
 
-def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, object]]) -> List[Tuple[List[int], int]]:
+def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, object]],
+                  tops: Optional[List[Optional[List[int]]]] = None) -> List[Tuple[List[int], int]]:
     """``verify_chain`` for many sequences at once: ``items`` are (target_logits, draft,
-    params, source). Rejection-sampled chains of one length go through one native
+    params, source); ``tops``, per item, the top tokens of its logits rows where they are
+    known already (or None). Rejection-sampled chains of one length go through one native
     ``ops.chain_speculative_sampling`` call, their uniforms drawn from each request's
     source as ``verify_chain_device`` draws them, so the results are the same; coupled
     chains (seeded requests) draw all their rows in one call."""
     results: List[Optional[Tuple[List[int], int]]] = [None] * len(items)
+    tops = list(tops) if tops else [None] * len(items)
     greedy = [i for i, it in enumerate(items) if it[2].greedy]
-    if greedy:   # every greedy chain's top tokens in one read
-        best = top_tokens(joined_rows([items[i][0] for i in greedy]))
-        row = 0
-        for i in greedy:
-            n = len(items[i][1].token_ids) + 1
-            results[i], row = _greedy_result(best[row:row + n], items[i][1].token_ids), row + n
+    unknown = [i for i in greedy if tops[i] is None]
+    best = top_tokens(joined_rows([items[i][0] for i in unknown])) if unknown else []   # in one read
+    row = 0
+    for i in greedy:
+        draft_ids = items[i][1].token_ids
+        if tops[i] is None:
+            tops[i], row = best[row:row + len(draft_ids) + 1], row + len(draft_ids) + 1
+        results[i] = _greedy_result(tops[i], draft_ids)
     groups, keyed = {}, []
     for i, (logits, draft, params, source) in enumerate(items):
         if params.greedy:
