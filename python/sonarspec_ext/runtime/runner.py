@@ -175,7 +175,8 @@ class ModelRunner:
                                                        None if features is None else features.to(torch.float32),
                                                        row_ids, scores=scores, stop_below=stop_below or 0.0,
                                                        sampling=None if sampling is None else sampling(),
-                                                       penalties=None if penalties is None else penalties(row_ids, used))
+                                                       penalties=None if penalties is None
+                                                       else penalties(row_ids, used))
         return logits, outs, tokens, scores, probs
 
     @torch.inference_mode()

@@ -98,7 +98,8 @@ def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, object]],
             groups.setdefault((len(draft.token_ids), draft.probs is not None), []).append(i)
     for (k, has_q), idx in groups.items():
         dev = items[idx[0]][0].device
-        p = processed_probs_rows(joined_rows([items[i][0] for i in idx]), [items[i][2] for i in idx for _ in range(k + 1)])
+        p = processed_probs_rows(joined_rows([items[i][0] for i in idx]),
+                                 [items[i][2] for i in idx for _ in range(k + 1)])
         p = p.view(len(idx), k + 1, -1)
         u = torch.stack([items[i][3].uniforms(0, k + 1) for i in idx])
         qs = [items[i][1].probs for i in idx]
