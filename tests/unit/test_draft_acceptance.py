@@ -51,6 +51,26 @@ def test_an_unseen_position_follows_the_geometric_continuation():
     assert d.tokens_per_step(3) == pytest.approx(1 + p1 + p2 + p3, rel=1e-6)
 
 
+def test_a_prior_from_a_validation_run_is_where_the_estimates_start():
+    """``prior_acceptance`` counts as ``prior_samples`` samples per position: before any step
+    the tokens per step are 1 + p_1 + ... + p_K of the prior (a fourth position, past it,
+    its geometric continuation); zero-acceptance steps pull position 1 down at the weight of
+    their samples against the prior's, which fades like any sample."""
+    prior = [0.65, 0.41, 0.26]
+    d = DraftAcceptance(4, window=10 ** 9, min_samples=16, prior_samples=16, prior_acceptance=prior)
+    assert d.tokens_per_step(3) == pytest.approx(1 + sum(prior))
+    assert d.tokens_per_step(4) == pytest.approx(1 + sum(prior) + 0.26 * 0.26 / 0.41)
+    for _ in range(5):
+        d.record(3, [0])
+    assert d.tokens_per_step(1) == pytest.approx(1 + 16 * 0.65 / 21)
+    d = DraftAcceptance(1, window=8, min_samples=1, prior_samples=16, prior_acceptance=[0.9])
+    for _ in range(200):
+        d.record(1, [0])
+    assert d.tokens_per_step(1) == pytest.approx(1.0, abs=1e-6)
+    with pytest.raises(ValueError, match="prior_acceptance"):
+        DraftAcceptance(2, prior_acceptance=[0.5, 1.5])
+
+
 def test_old_samples_fade():
     d = DraftAcceptance(1, window=8, min_samples=1)
     for _ in range(200):

@@ -1,6 +1,8 @@
 """Adaptive speculation (engine/spec_control.py): a simulated machine where one mode is
 faster must end up running mostly that mode, probing the other; in the engine the choice
 never changes tokens."""
+import random
+
 import pytest
 
 from sonarspec_ext import LLM, SamplingParams, SpecConfig
@@ -61,6 +63,32 @@ def test_a_new_controller_measures_its_start_and_plain_decoding_then_prices_the_
     assert c.steps[1] > 0 and c.winner == 0
 
 
+def test_a_prior_acceptance_outweighs_an_unlucky_opening():
+    """One stream where drafts pay (10 ms a step plus 3 ms a draft token; each draft kept
+    with probability 0.65 given the ones before, drawn with a fixed seed: K = 3 about 1.26x
+    plain) but the reply's first 12 steps keep no draft (a reply's opening). Without a
+    prior the survey's probe of K = 3 measures 1 token a step, plain decoding wins, and the
+    phases that follow run plainly: the reply's next 150 steps decode plainly. With the
+    drafter's validated acceptance as the prior, the probe is priced at the prior blended
+    with its bad steps and most of the 150 steps speculate. A drafter that really keeps
+    nothing is still turned off, the prior fading with its samples."""
+    def opening(c, unlucky_steps=12, steps=162, acceptance=0.65):
+        rng = random.Random(0)
+        for i in range(steps):
+            kept = 0
+            while i >= unlucky_steps and kept < c.mode and rng.random() < acceptance:
+                kept += 1
+            c.record(0.010 + 0.003 * c.mode, 1 + kept, measured=True, accepted=[kept])
+        return c
+    prior = [0.65, 0.42, 0.27]
+    blind = opening(SpeculationControl(modes=(3, 2, 1, 0)))
+    informed = opening(SpeculationControl(modes=(3, 2, 1, 0), prior_acceptance=prior))
+    assert blind.steps[0] > 150
+    assert sum(n for m, n in informed.steps.items() if m) > 120
+    hopeless = opening(SpeculationControl(modes=(3, 2, 1, 0), prior_acceptance=prior), steps=400, acceptance=0.0)
+    assert hopeless.winner == 0 and hopeless.steps[0] > 300
+
+
 def test_the_survey_probes_what_the_model_cannot_rule_out():
     """Drafts that are nearly free (a memory-bound GPU step): every length is predicted to
     win, so the climb measures them, and the longest wins."""
@@ -85,6 +113,29 @@ def test_the_faster_mode_runs_most_steps(spec, plain):
     assert share > 0.9, c.steps
     assert c.steps[1 - winner] > 0   # the other mode is still probed
     assert c.rates[1] == pytest.approx(spec) and c.rates[0] == pytest.approx(plain)
+
+
+def test_the_engine_starts_from_the_drafters_validated_acceptance(tmp_path):
+    """An adaptive engine's controller starts from the acceptance per position its drafter's
+    training.json records from a validation run of the same method (the packaged head);
+    methods that draft otherwise (trees, n-grams) and drafters without one start blind."""
+    import json
+    from sonarspec_ext import assets
+    from sonarspec_ext.spec.factory import validated_acceptance
+    with open(f"{assets.path('mtp')}/training.json") as fh:
+        recorded = json.load(fh)["engine_validation"]["accepted_per_position"]
+    llm = LLM("default", spec=SpecConfig(method="mtp", num_draft_tokens=3), adaptive_speculation=True)
+    control = llm.engine.spec_control.for_batch(1)
+    assert control.acceptance.tokens_per_step(3) == pytest.approx(1 + sum(recorded[:3]))
+    assert validated_acceptance(assets.path("mtp"), "mtp") == recorded
+    assert validated_acceptance(assets.path("mtp"), "eagle_tree") is None
+    assert validated_acceptance(assets.path("draft"), "draft_target") is None   # records no validation run
+    (tmp_path / "training.json").write_text(json.dumps({"engine_validation": {
+        "method": "draft_target", "accepted_per_position": [0.5, 0.3]}}))
+    assert validated_acceptance(str(tmp_path), "draft_target") == [0.5, 0.3]
+    assert validated_acceptance(str(tmp_path), "mtp") is None
+    (tmp_path / "training.json").write_text("{not json")
+    assert validated_acceptance(str(tmp_path), "draft_target") is None
 
 
 def test_a_change_of_regime_is_followed():

@@ -43,18 +43,31 @@ class DraftAcceptance:
     steps while a shorter length wins - so each is shrunk towards the geometric continuation
     of the positions before it (p_{i-1}^2 / p_{i-2}, as if ``prior_samples`` samples had
     shown it): a length's estimate moves smoothly from that extrapolation to its own counts.
+
+    ``prior_acceptance``: p_1, p_2, ... as measured elsewhere (a drafter's validation run),
+    counted as ``prior_samples`` samples at each of those positions that decay like the
+    others: the estimates start there - a step's tokens are known before the first draft is
+    verified - and a few unlucky first steps (a reply's opening, which the drafter rarely
+    predicts) weigh against them instead of deciding alone.
     """
 
-    def __init__(self, max_drafts: int, window: int = 256, min_samples: int = 16, prior_samples: float = 16.0):
+    def __init__(self, max_drafts: int, window: int = 256, min_samples: int = 16, prior_samples: float = 16.0,
+                 prior_acceptance: Optional[Sequence[float]] = None):
         if max_drafts < 0 or window < 1 or min_samples < 1 or prior_samples < 0:
             raise ValueError("DraftAcceptance needs max_drafts >= 0, window >= 1, min_samples >= 1 and "
                              "prior_samples >= 0")
+        prior = list(prior_acceptance or [])
+        if not all(isinstance(p, (int, float)) and 0.0 <= p <= 1.0 for p in prior):
+            raise ValueError(f"prior_acceptance must be shares in [0, 1], got {prior_acceptance!r}")
+        prior = prior[:max_drafts]
         self.keep = 1.0 - 1.0 / window
         self.min_samples = min_samples
         self.prior_samples = prior_samples
-        self.kept: List[float] = [0.0] * max_drafts    # weighted samples that kept position i + 1
-        self.tried: List[float] = [0.0] * max_drafts   # weighted samples of positions i + 1
-        self.samples: List[int] = [0] * max_drafts     # unweighted
+        self.kept: List[float] = [prior_samples * p for p in prior] + [0.0] * (max_drafts - len(prior))
+        self.tried: List[float] = [prior_samples] * len(prior) + [0.0] * (max_drafts - len(prior))
+        # unweighted; prior samples count towards min_samples
+        self.samples: List[int] = [int(prior_samples)] * len(prior) + [0] * (max_drafts - len(prior))
+        self.seeded = len(prior)   # positions with a prior of their own: no geometric shrinkage
 
     def record(self, draft_length: int, accepted: Sequence[int]) -> None:
         """One step of ``draft_length`` (0: plain decoding, nothing learnt): the number of
@@ -76,6 +89,6 @@ class DraftAcceptance:
             prior = 0.0
             if i > 0:
                 prior = p[i] * min(1.0, p[i] / p[i - 1]) if p[i - 1] > 0 else 0.0
-            weight = self.prior_samples if i > 0 else 0.0
+            weight = self.prior_samples if i >= max(1, self.seeded) else 0.0
             p.append((self.kept[i] + weight * prior) / (self.tried[i] + weight))
         return sum(p)

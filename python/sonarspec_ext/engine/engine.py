@@ -20,7 +20,7 @@ from ..params import SamplingParams, SpecConfig
 from ..runtime.kv_cache import KVCache, num_pages_for_budget
 from ..runtime.runner import ModelRunner
 from ..sampling.logprobs import token_logprobs
-from ..spec.factory import make_proposer, resolve_draft
+from ..spec.factory import make_proposer, resolve_draft, validated_acceptance
 from ..spec.proposer import StepContext
 from .config import EngineConfig, kv_cache_dtype
 from .admission import admitted_prompt
@@ -102,7 +102,8 @@ class Engine:
         self.step_context = StepContext()   # the running step's, handed to the proposer after it
         speculating = self.spec.method != "none"
         self.spec_control = (BatchSpeculationControl(modes=self._adaptive_modes(),
-                                                     lookup_drafts=self.spec.lookup_draft_tokens > 0)
+                                                     lookup_drafts=self.spec.lookup_draft_tokens > 0,
+                                                     prior_acceptance=validated_acceptance(draft_dir, self.spec.method))
                              if c.adaptive_speculation and speculating else None)
         self.num_steps = 0
         # positions a drafter re-runs after a speculating step: the last token and the drafts kept

@@ -45,10 +45,13 @@ from .lookup_steps import LookupSteps
 
 class SpeculationControl:
     def __init__(self, modes: Sequence[int] = (1, 0), phase_steps: int = 16, probe_steps: int = 4,
-                 max_phase_steps: int = 512, decay: float = 0.5, margin: float = 0.15, pool_acceptance: bool = True):
+                 max_phase_steps: int = 512, decay: float = 0.5, margin: float = 0.15, pool_acceptance: bool = True,
+                 prior_acceptance: Optional[Sequence[float]] = None):
         """``pool_acceptance`` False: each mode's rate is its steps' tokens over their seconds
         as measured, lookup steps included - nothing pooled across modes (batches of several
-        sequences with lookup drafts: ``BatchSpeculationControl``)."""
+        sequences with lookup drafts: ``BatchSpeculationControl``). ``prior_acceptance``: the
+        drafter's acceptance per position measured elsewhere, where the pooled estimate
+        starts (``DraftAcceptance``)."""
         if (min(phase_steps, probe_steps) < 1 or max_phase_steps < phase_steps or not 0 <= decay < 1
                 or len(modes) < 2 or len(set(modes)) != len(modes) or min(modes) < 0 or not 0 <= margin < 1):
             raise ValueError("SpeculationControl needs two or more distinct draft lengths >= 0, phase_steps, "
@@ -61,7 +64,8 @@ class SpeculationControl:
         self.rates: Dict[int, Optional[float]] = dict.fromkeys(self.modes)   # draft length -> tokens/s
         # draft length -> (tokens, seconds) per sequence and step, averaged like the rates
         self.per_sequence: Dict[int, Optional[Tuple[float, float]]] = dict.fromkeys(self.modes)
-        self.acceptance = DraftAcceptance(max(self.modes))   # drafts kept per position, all lengths pooled
+        # drafts kept per position, all lengths pooled
+        self.acceptance = DraftAcceptance(max(self.modes), prior_acceptance=prior_acceptance)
         self.pool_acceptance = pool_acceptance
         self.lookup_steps = LookupSteps()   # steps that drafted from the context, all lengths
         self.prior: Optional[Tuple[float, float]] = None   # (acceptance, slope) from elsewhere

@@ -1,8 +1,9 @@
 """Builds the proposer for a ``SpecConfig`` and checks draft/target compatibility."""
 from __future__ import annotations
 
+import json
 import os
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..assets import DRAFTS, HEADS, installed_head, path as asset_path, resolve
 from ..models.config import ModelConfig
@@ -101,6 +102,25 @@ def _mtp_dir(spec: SpecConfig, target_dir: str) -> str:
         return head
     raise ValueError(f"no MTP head for {target_dir}: the checkpoint holds no MTP layer and the packaged head "
                      f"belongs to the packaged target; pass SpecConfig(method='{spec.method}', draft=DIR)")
+
+
+def validated_acceptance(draft_dir: Optional[str], method: str) -> Optional[List[float]]:
+    """The acceptance per draft position a drafter's ``training.json`` records from its
+    engine validation run (``train-mtp``, ``tools/distill_draft_llm.py``), where that run
+    drafted chains as ``method`` does ("mtp", "draft_target"); else None."""
+    if draft_dir is None or method not in ("mtp", "draft_target") or not os.path.isdir(draft_dir):
+        return None
+    try:
+        with open(os.path.join(draft_dir, "training.json")) as fh:
+            run = json.load(fh).get("engine_validation") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    shares = run.get("accepted_per_position")
+    if run.get("method", "mtp") != method or not isinstance(shares, list):
+        return None
+    if not shares or not all(isinstance(p, (int, float)) and 0.0 <= p <= 1.0 for p in shares):
+        return None
+    return [float(p) for p in shares]
 
 
 def drafter_quantization(quantization: str, draft_dir: str, target) -> str:
