@@ -68,7 +68,8 @@ class MTPProposer(ChainDrafter):
         self.state[seq.seq_id] = _HeadState(num_tokens)
 
     def _features(self, rows: List[RefillRow]) -> torch.Tensor:
-        return torch.cat([row.features for row in rows])
+        # one row's are used as they are (rows of the step's fresh hidden states): no copy
+        return rows[0].features if len(rows) == 1 else torch.cat([row.features for row in rows])
 
     def _chain_start(self, seqs: Sequence):
         # head position N-1+j reads its own predicted feature and draft token j+1
