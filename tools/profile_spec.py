@@ -58,9 +58,8 @@ def _timed(owner, name: str, key) -> None:
 def _instrument() -> None:
     _timed(decoder_stack.DecoderStack, "forward", "target stack")
     _timed(LlamaForCausalLM, "compute_logits", "target lm_head")   # drafters' lm_heads run inside their calls
-    # the target's decode steps (ModelRunner.decode_rows: logits at every token) and drafters' refills
-    _timed(runner_mod, "rows_forward",
-           lambda kwargs: "target decode rows" if kwargs.get("all_tokens") else "drafter refills")
+    _timed(runner_mod, "decode_rows_forward", "target decode rows")   # ModelRunner.decode_rows
+    _timed(runner_mod, "rows_forward", "drafter refills")
     _timed(chains_mod, "chain", "drafter chains")
     _timed(runner_mod, "refill_chain", "drafter refill+chain")   # a refill with its next chain
 

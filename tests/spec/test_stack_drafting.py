@@ -246,6 +246,31 @@ def test_greedy_chain_rejects_bad_input():
                             (0, 0, 0, 0, 0), out.data_ptr(), 1, (0, 0.0, 0), (0, 0))
 
 
+def test_decode_rows_forward_is_rows_forward_at_every_token_with_its_top_tokens():
+    """The engine's lean decode call: the same logits, outputs and top tokens as the checked
+    op over the same rows (rewriting the same K/V slots), and bad rows refused by the native
+    checks with ValueError, the pools untouched where no row ran."""
+    from sonarspec_ext.ops.stack_drafting import decode_rows_forward
+    llm = LLM("default", spec=SpecConfig(method="draft_target", num_draft_tokens=3))
+    runner = llm.engine.proposer.runner
+    stack, model = runner.stack(), llm.engine.proposer.model
+    embed, lm_head = model.model.embed_tokens.weight, model.lm_head.weight
+    rows = [(5, [3, 9, 14], [2, 0]), (0, [7], [1])]
+    got = decode_rows_forward(stack, embed, lm_head, rows, 16)
+    table = torch.tensor([[2, 0], [1, 0]])
+    want = rows_forward(stack, embed, lm_head, torch.tensor([3, 9, 14, 7]), torch.tensor([5, 0]),
+                        torch.tensor([3, 1]), table, 16, all_tokens=True, top_vocab=lm_head.shape[0])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] == want[2]
+    assert got[2] == got[0].numpy().argmax(-1).tolist()
+    for bad, match in [([(5, [3], [10 ** 6])], "is not one of the KV pools"), ([(5, [9000], [2])], "out of range"),
+                       ([(40, [3], [2])], "outside the block table"), ([(5, [], [2])], "at least one token"),
+                       ([(5, [2 ** 70], [2])], "past int64"), ([], "at least one token")]:
+        with pytest.raises(ValueError, match=match):
+            decode_rows_forward(stack, embed, lm_head, bad, 16)
+    with pytest.raises(ValueError, match="page_size"):
+        decode_rows_forward(stack, embed, lm_head, rows, 0)
+
+
 @pytest.mark.parametrize("method", ["mtp", "draft_target"])
 def test_refill_chain_equals_rows_forward_then_top_token_then_chain(method):
     """A drafter's refill and next chain in one native call: bit for bit the row forward,
@@ -255,7 +280,7 @@ def test_refill_chain_equals_rows_forward_then_top_token_then_chain(method):
     runner, rows, feats = _drafter_rows(method, seed=1)
     logits, outputs, tokens, scores, probs = runner.refill_chain(rows, None, 8192, 3, features=feats)
     assert scores is None and probs is None
-    ref_logits, ref_outputs, _ = runner._native_rows(rows, None, feats)
+    ref_logits, ref_outputs = runner._native_rows(rows, None, feats)
     first = ref_logits.argmax(-1)
     positions = torch.tensor([start + len(toks) for start, toks, _ in rows])
     embed, lm_head, row_ids = runner.model.drafting_io()
@@ -308,7 +333,7 @@ def test_chain_scores_are_the_drafter_probabilities_and_stop_the_chain():
     assert torch.allclose(scores[:, 0].double(), torch.softmax(logits.double(), -1).max(-1).values, rtol=1e-5)
     for j in range(1, 4):
         after = [(start + len(toks) + j - 1, [int(tokens[b, j - 1])], t) for b, (start, toks, t) in enumerate(rows)]
-        round_logits = runner._native_rows(after, None, None)[0]
+        round_logits, _ = runner._native_rows(after, None, None)
         expect = torch.softmax(round_logits.double(), -1).gather(1, tokens[:, j:j + 1]).squeeze(1)
         assert torch.allclose(scores[:, j].double(), expect, rtol=1e-5)
     first = scores[:, 0].clone()

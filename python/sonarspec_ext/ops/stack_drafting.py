@@ -4,7 +4,7 @@ embedding, stack, lm_head and the top token or a draw in one call (``chain``). S
 kernels as the per-op path, so the same logits and tokens."""
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -49,15 +49,27 @@ def _check_weights(stack: DecoderStack, embed, lm_head, row_ids: Optional[torch.
             raise ValueError(f"row_ids must lie in [0, {embed.shape[0]}) (the embedding's rows)")
 
 
-def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window: int, rows: int,
-        features: Optional[torch.Tensor], num_tokens: int, row_ids: Optional[torch.Tensor] = None):
-    """Validated native arguments shared by the calls, plus contiguous features. The
-    weights (and ``row_ids``, the token of each lm_head row, None: row r is token r) are
-    checked at their first call with this stack (they are the drafter's)."""
+def _checked_weights(stack: DecoderStack, embed, lm_head, row_ids: Optional[torch.Tensor]) -> None:
+    """The weights (and ``row_ids``, the token of each lm_head row, None: row r is token r),
+    checked at their first call with this stack (they are the drafter's, or the target's)."""
     checked = stack._checked_io
     if checked is None or checked[0] is not embed or checked[1] is not lm_head or checked[2] is not row_ids:
         _check_weights(stack, embed, lm_head, row_ids)
         stack._checked_io = (embed, lm_head, row_ids)
+
+
+def _native_args(embed, lm_head, table_ptr: int, max_pages: int, page_size: int, window: Optional[int],
+                 row_ids: Optional[torch.Tensor]) -> tuple:
+    """The native calls' weight and table arguments (``IOArgs``)."""
+    return (embed.data_ptr(), weight_format_code(embed), lm_head.data_ptr(), weight_format_code(lm_head),
+            lm_head.shape[0], table_ptr, max_pages, page_size, window or 0, embed.shape[0],
+            0 if row_ids is None else row_ids.data_ptr(), 0 if row_ids is None else row_ids.shape[0])
+
+
+def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window: int, rows: int,
+        features: Optional[torch.Tensor], num_tokens: int, row_ids: Optional[torch.Tensor] = None):
+    """Validated native arguments shared by the calls, plus contiguous features."""
+    _checked_weights(stack, embed, lm_head, row_ids)
     check_page_size(page_size)
     if not fits(stack, lm_head, rows, num_tokens):
         raise ValueError(f"DecoderStack drafting runs 1..{stack.max_rows} tokens at once and a float32 lm_head at "
@@ -72,9 +84,7 @@ def _io(stack: DecoderStack, embed, lm_head, block_table, page_size: int, window
         features = features.contiguous()
         if features.shape != (num_tokens, stack.hidden):
             raise ValueError(f"features have shape {list(features.shape)}, expected [{num_tokens}, {stack.hidden}]")
-    args = (embed.data_ptr(), weight_format_code(embed), lm_head.data_ptr(), weight_format_code(lm_head),
-            lm_head.shape[0], block_table.data_ptr(), block_table.shape[1], page_size, window or 0, embed.shape[0],
-            0 if row_ids is None else row_ids.data_ptr(), 0 if row_ids is None else row_ids.shape[0])
+    args = _native_args(embed, lm_head, block_table.data_ptr(), block_table.shape[1], page_size, window, row_ids)
     return args, features
 
 
@@ -128,6 +138,49 @@ def rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor
     except IndexError as e:
         raise ValueError(str(e)) from None
     return logits, out, None if top is None else top.tolist()
+
+
+def decode_rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor,
+                        rows: Sequence[Tuple[int, Sequence[int], Sequence[int]]], page_size: int,
+                        window: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor, List[int]]:
+    """A target's decode step over ``rows`` - (start position, token ids, page table), as
+    the engine builds them - as ``rows_forward(all_tokens=True, top_vocab=lm_head rows)``
+    gives it (logits, stack outputs and top tokens at every token in packed order), with
+    the least Python around the call: the rows packed into one int64 buffer, the weights
+    checked once per stack, every index checked by the native code (a bad one: ValueError).
+    A decode step's Python runs after its forward has streamed the weights through the
+    caches, where each line costs most."""
+    check_page_size(page_size)
+    B = len(rows)
+    T = sum(len(toks) for _, toks, _ in rows)
+    if B == 0 or min(len(toks) for _, toks, _ in rows) < 1:
+        raise ValueError("decoding needs rows of at least one token")
+    if not fits(stack, lm_head, T, T):
+        raise ValueError(f"a decode step runs 1..{stack.max_rows} tokens and a float32 lm_head at most "
+                         f"{SMALL_M_MAX_ROWS} rows natively, got {T}")
+    _checked_weights(stack, embed, lm_head, None)
+    width = max(1, max(len(table) for *_, table in rows))
+    buf = np.zeros(T + 2 * B + B * width, dtype=np.int64)   # tokens, starts, lengths, block table
+    i, at = 0, T + 2 * B
+    try:
+        for b, (start, toks, table) in enumerate(rows):
+            buf[i:i + len(toks)] = toks
+            buf[T + b], buf[T + B + b] = start, len(toks)
+            buf[at + b * width:at + b * width + len(table)] = table
+            i += len(toks)
+    except OverflowError as e:
+        raise ValueError(f"decode rows: a token id, position or page id past int64 ({e})") from None
+    logits = torch.empty(T, lm_head.shape[0], dtype=torch.float32)
+    out = torch.empty(T, stack.hidden, dtype=torch.float32)
+    top = np.empty(T, dtype=np.int64)
+    p = buf.ctypes.data
+    try:
+        stack._native.rows_forward(_native_args(embed, lm_head, p + 8 * (T + 2 * B), width, page_size, window, None),
+                                   p, 0, p + 8 * T, p + 8 * (T + B), B, logits.data_ptr(), out.data_ptr(),
+                                   native_threads(), True, top.ctypes.data, lm_head.shape[0])
+    except IndexError as e:
+        raise ValueError(str(e)) from None
+    return logits, out, top.tolist()
 
 
 def _stop_args(scores: Optional[torch.Tensor], shape: Tuple[int, int], stop_below: float,

@@ -11,7 +11,7 @@ from ..models.llama import vocab_logits
 from ..models.loader import has_compact_weights
 from ..ops.limits import CUDA_GRAPH_MAX_TOKENS, NATIVE_ATTENTION_MAX_TOKENS
 from ..ops.paged_attention import cuda_attention_supports
-from ..ops.stack_drafting import block_table, fits, refill_chain, rows_forward
+from ..ops.stack_drafting import block_table, decode_rows_forward, fits, refill_chain, rows_forward
 from .kv_cache import KVCache
 from .execution import ExecutionPolicy
 from .threads import ThreadPolicy
@@ -89,7 +89,7 @@ class ModelRunner:
         if not all_tokens and (trees is None or all(t is None for t in trees)):
             out = self._native_rows(rows, sliding_window, features)
             if out is not None:
-                return out[:2] if features is not None else out[0]
+                return out if features is not None else out[0]
         ids, meta_rows, last = [], [], []
         for start, toks, table in rows:
             ids.extend(toks)
@@ -100,16 +100,15 @@ class ModelRunner:
         return self.forward(ids_t, positions, meta, last_t,
                             hidden_indices=None if features is None else last_t, features=features)
 
-    def _native_inputs(self, rows, all_tokens: bool = False):
+    def _native_inputs(self, rows):
         """(stack, (embed, lm_head rows), row token ids or None, block table, token ids,
         starts, lengths) for re-running rows natively (``ops.stack_drafting``) when the
-        model runs as a stack and the rows are a small step (``all_tokens``: logits at
-        every token); else None."""
+        model runs as a stack and the rows are a small step; else None."""
         full = self.model.drafting_io() if self.device.type == "cpu" and self.graphs is None else None
         io, row_ids = (None, None) if full is None else (full[:2], full[2])
         num_tokens = sum(len(toks) for _, toks, _ in rows)
         stack = self.stack() if io is not None and num_tokens <= NATIVE_ATTENTION_MAX_TOKENS else None
-        if stack is None or not fits(stack, io[1], num_tokens if all_tokens else len(rows), num_tokens):
+        if stack is None or not fits(stack, io[1], len(rows), num_tokens):
             return None
         table = block_table([t for *_, t in rows])
         packed = [tok for _, toks, _ in rows for tok in toks]    # tokens, then starts, then lengths
@@ -117,34 +116,38 @@ class ModelRunner:
         packed = torch.from_numpy(np.asarray(packed, dtype=np.int64))
         return stack, io, row_ids, table, packed[:num_tokens], packed[num_tokens:-len(rows)], packed[-len(rows):]
 
-    def _native_rows(self, rows, sliding_window, features, all_tokens: bool = False, top: bool = False):
-        """``forward_rows`` (logits, outputs, top tokens) as one native call; None where it does
-        not apply. Top tokens (with ``top``, where the lm_head is the whole vocabulary): each
-        logits row's argmax, as ``sampling.sampler.top_tokens`` gives it; else None."""
-        inputs = self._native_inputs(rows, all_tokens)
+    def _native_rows(self, rows, sliding_window, features):
+        """``forward_rows`` (logits, outputs) as one native call; None where it does not apply."""
+        inputs = self._native_inputs(rows)
         if inputs is None:
             return None
         stack, io, row_ids, table, ids, starts, lens = inputs
         self.policy.record("native_stack")
         with torch.inference_mode(), self.threads.native():
-            logits, outs, tops = rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size,
-                                              sliding_window, None if features is None else features.to(torch.float32),
-                                              row_ids, all_tokens=all_tokens,
-                                              top_vocab=io[1].shape[0] if top and row_ids is None else None)
-        return vocab_logits(logits, row_ids, self.model.vocab_size), outs, tops
+            logits, outs, _ = rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size,
+                                           sliding_window, None if features is None else features.to(torch.float32),
+                                           row_ids)
+        return vocab_logits(logits, row_ids, self.model.vocab_size), outs
 
     def decode_rows(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int]):
         """A step of decoding rows - (start, the sequence's last token and its drafts, page
         table) - as one native call (embedding, stack and lm_head, the kernels ``forward``
-        runs, so the same bits): (float32 logits, final hidden states, top tokens) at every
-        token in packed order - top tokens as ``_native_rows`` gives them, a list or None -
+        runs, so the same bits): (float32 logits, final hidden states, each logits row's top
+        token) at every token in packed order (``ops.stack_drafting.decode_rows_forward``),
         or None where the call does not apply (not a CPU stack step, layers captured for a
         drafter's fused features, ``policy.decode_rows`` off). Spares a decode step the
         per-op bookkeeping in Python, which costs most after the weights have streamed
-        through the caches."""
-        if self.capture or not self.policy.decode_rows or not self.native_attention:
+        through the caches. Runs inside the engine step's native-threads context."""
+        if (self.capture or not self.policy.decode_rows or not self.native_attention or self.device.type != "cpu"
+                or self.graphs is not None):
             return None
-        return self._native_rows(rows, sliding_window, None, all_tokens=True, top=True)
+        embed, lm_head, row_ids = self.model.drafting_io()
+        num_tokens = sum(len(toks) for _, toks, _ in rows)
+        stack = self.stack() if row_ids is None and num_tokens <= NATIVE_ATTENTION_MAX_TOKENS else None
+        if stack is None or not fits(stack, lm_head, num_tokens, num_tokens):
+            return None
+        self.policy.record("native_stack")
+        return decode_rows_forward(stack, embed, lm_head, rows, self.kv_cache.page_size, sliding_window)
 
     def refill_chain(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int], vocab: int,
                      steps: int, features: Optional[torch.Tensor] = None, stop_below: Optional[float] = None,
