@@ -70,7 +70,8 @@ def main() -> None:
     ap.add_argument("--schemes", nargs="+", default=["plain", "mtp:3", "draft_target:2"])
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--temperature", type=float, default=0.0, help="sample at T, unseeded (rejection sampling; 0: greedy)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample at T, unseeded (rejection sampling; 0: greedy)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--stack-phases", action="store_true", help="split the native stacks' time by phase")
     args = ap.parse_args()
