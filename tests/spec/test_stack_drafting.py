@@ -264,7 +264,8 @@ def test_decode_rows_forward_is_rows_forward_at_every_token_with_its_top_tokens(
     assert got[2] == got[0].numpy().argmax(-1).tolist()
     for bad, match in [([(5, [3], [10 ** 6])], "is not one of the KV pools"), ([(5, [9000], [2])], "out of range"),
                        ([(40, [3], [2])], "outside the block table"), ([(5, [], [2])], "at least one token"),
-                       ([(5, [2 ** 70], [2])], "past int64"), ([], "at least one token")]:
+                       ([(5, [2 ** 70], [2])], "past int64"), ([], "at least one token"),
+                       ([(5, [3], [2, 0]), (20, [4], [1])], "is not one of the KV pools")]:   # past its table
         with pytest.raises(ValueError, match=match):
             decode_rows_forward(stack, embed, lm_head, bad, 16)
     with pytest.raises(ValueError, match="page_size"):

@@ -162,6 +162,7 @@ def decode_rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch
     width = max(1, max(len(table) for *_, table in rows))
     buf = np.zeros(T + 2 * B + B * width, dtype=np.int64)   # tokens, starts, lengths, block table
     i, at = 0, T + 2 * B
+    buf[at:] = -1   # past a row's own pages: no page (refused natively), not page 0
     try:
         for b, (start, toks, table) in enumerate(rows):
             buf[i:i + len(toks)] = toks
