@@ -227,10 +227,6 @@ def test_greedy_chain_rejects_bad_input():
         rows_forward(stack, embed, lm_head, one, torch.tensor([3]), torch.tensor([0]), table, 16)
     with pytest.raises(ValueError, match="token 9000 out of range"):
         rows_forward(stack, embed, lm_head, torch.tensor([9000]), torch.tensor([3]), torch.tensor([1]), table, 16)
-    for top_vocab in (0, lm_head.shape[0] + 1, 2.0):
-        with pytest.raises(ValueError, match="top_vocab must be an integer"):
-            rows_forward(stack, embed, lm_head, one, torch.tensor([3]), torch.tensor([1]), table, 16,
-                         top_vocab=top_vocab)
     with pytest.raises(ValueError, match="one per lm_head row"):
         chain(stack, embed, lm_head, 100, one, torch.tensor([3]), table, 16, 0, 2, row_ids=torch.arange(5))
     with pytest.raises(ValueError, match=r"row_ids must lie in \[0, "):
@@ -246,10 +242,11 @@ def test_greedy_chain_rejects_bad_input():
                             (0, 0, 0, 0, 0), out.data_ptr(), 1, (0, 0.0, 0), (0, 0))
 
 
-def test_decode_rows_forward_is_rows_forward_at_every_token_with_its_top_tokens():
-    """The engine's lean decode call: the same logits, outputs and top tokens as the checked
-    op over the same rows (rewriting the same K/V slots), and bad rows refused by the native
-    checks with ValueError, the pools untouched where no row ran."""
+def test_decode_rows_forward_is_rows_forward_token_by_token_with_its_top_tokens():
+    """The engine's lean decode call: at every token, the same logits and outputs as the
+    checked op run one token at a time over the same slots (a token's result does not depend
+    on what else is in the call), its top tokens the logits' argmax; bad rows refused by the
+    native checks with ValueError."""
     from sonarspec_ext.ops.stack_drafting import decode_rows_forward
     llm = LLM("default", spec=SpecConfig(method="draft_target", num_draft_tokens=3))
     runner = llm.engine.proposer.runner
@@ -257,10 +254,13 @@ def test_decode_rows_forward_is_rows_forward_at_every_token_with_its_top_tokens(
     embed, lm_head = model.model.embed_tokens.weight, model.lm_head.weight
     rows = [(5, [3, 9, 14], [2, 0]), (0, [7], [1])]
     got = decode_rows_forward(stack, embed, lm_head, rows, 16)
-    table = torch.tensor([[2, 0], [1, 0]])
-    want = rows_forward(stack, embed, lm_head, torch.tensor([3, 9, 14, 7]), torch.tensor([5, 0]),
-                        torch.tensor([3, 1]), table, 16, all_tokens=True, top_vocab=lm_head.shape[0])
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] == want[2]
+    t = 0
+    for start, toks, table in rows:
+        for i, tok in enumerate(toks):
+            logits, out = rows_forward(stack, embed, lm_head, torch.tensor([tok]), torch.tensor([start + i]),
+                                       torch.tensor([1]), torch.tensor([table]), 16)
+            assert torch.equal(got[0][t], logits[0]) and torch.equal(got[1][t], out[0]), t
+            t += 1
     assert got[2] == got[0].numpy().argmax(-1).tolist()
     for bad, match in [([(5, [3], [10 ** 6])], "is not one of the KV pools"), ([(5, [9000], [2])], "out of range"),
                        ([(40, [3], [2])], "outside the block table"), ([(5, [], [2])], "at least one token"),

@@ -109,44 +109,32 @@ def _rows(tokens: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> Tup
 def rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor, tokens: torch.Tensor,
                  starts: torch.Tensor, lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
                  window: Optional[int] = None, features: Optional[torch.Tensor] = None,
-                 row_ids: Optional[torch.Tensor] = None, all_tokens: bool = False, top_vocab: Optional[int] = None
-                 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[List[int]]]:
+                 row_ids: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rows of tokens (row b: ``lens[b]`` of the packed ``tokens`` at positions
     ``starts[b]``...; its KV through ``block_table[b]``; an MTP head reads ``features``
     (num_tokens, hidden)) -> (float32 logits (rows, lm_head rows), stack outputs (rows,
-    hidden), top tokens) at each row's last token - with ``all_tokens``, at every token
-    (num_tokens, ...), in packed order. Top tokens: with ``top_vocab``, each logits row's
-    argmax among its first ``top_vocab`` logits (the first maximum, a NaN counting as the
-    maximum: numpy's and torch's argmax), computed natively while the row is in the cache;
-    else None. The new tokens' K/V are written to the pools."""
+    hidden)) at each row's last token. The new tokens' K/V are written to the pools."""
     B, T = _rows(tokens, starts, lens)
-    if all_tokens and not fits(stack, lm_head, T, T):
-        raise ValueError(f"a float32 lm_head runs at most {SMALL_M_MAX_ROWS} rows natively, got {T} tokens")
-    if top_vocab is not None and not (isinstance(top_vocab, int) and 1 <= top_vocab <= lm_head.shape[0]):
-        raise ValueError(f"top_vocab must be an integer in [1, {lm_head.shape[0]}] (the lm_head's rows), "
-                         f"got {top_vocab!r}")
     args, features = _io(stack, embed, lm_head, block_table, page_size, window, B, features, T, row_ids)
-    n = T if all_tokens else B
-    logits = torch.empty(n, lm_head.shape[0], dtype=torch.float32)
-    out = torch.empty(n, stack.hidden, dtype=torch.float32)
-    top = None if top_vocab is None else np.empty(n, dtype=np.int64)
+    logits = torch.empty(B, lm_head.shape[0], dtype=torch.float32)
+    out = torch.empty(B, stack.hidden, dtype=torch.float32)
     try:
         stack._native.rows_forward(args, tokens.data_ptr(), 0 if features is None else features.data_ptr(),
                                    starts.data_ptr(), lens.data_ptr(), B, logits.data_ptr(), out.data_ptr(),
-                                   native_threads(), all_tokens, 0 if top is None else top.ctypes.data,
-                                   top_vocab or 0)
+                                   native_threads(), False, 0, 0)
     except IndexError as e:
         raise ValueError(str(e)) from None
-    return logits, out, None if top is None else top.tolist()
+    return logits, out
 
 
 def decode_rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch.Tensor,
                         rows: Sequence[Tuple[int, Sequence[int], Sequence[int]]], page_size: int,
                         window: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor, List[int]]:
     """A target's decode step over ``rows`` - (start position, token ids, page table), as
-    the engine builds them - as ``rows_forward(all_tokens=True, top_vocab=lm_head rows)``
-    gives it (logits, stack outputs and top tokens at every token in packed order), with
-    the least Python around the call: the rows packed into one int64 buffer, the weights
+    the engine builds them - in one native call: (float32 logits (tokens, lm_head rows),
+    stack outputs (tokens, hidden), each logits row's top token - the first maximum, a NaN
+    counting as the maximum: numpy's and torch's argmax - taken natively while the row is in
+    the cache) at every token in packed order, with the least Python around the call: the rows packed into one int64 buffer, the weights
     checked once per stack, every index checked by the native code (a bad one: ValueError).
     A decode step's Python runs after its forward has streamed the weights through the
     caches, where each line costs most."""

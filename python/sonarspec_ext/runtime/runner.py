@@ -124,9 +124,8 @@ class ModelRunner:
         stack, io, row_ids, table, ids, starts, lens = inputs
         self.policy.record("native_stack")
         with torch.inference_mode(), self.threads.native():
-            logits, outs, _ = rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size,
-                                           sliding_window, None if features is None else features.to(torch.float32),
-                                           row_ids)
+            logits, outs = rows_forward(stack, *io, ids, starts, lens, table, self.kv_cache.page_size, sliding_window,
+                                        None if features is None else features.to(torch.float32), row_ids)
         return vocab_logits(logits, row_ids, self.model.vocab_size), outs
 
     def decode_rows(self, rows: List[Tuple[int, List[int], List[int]]], sliding_window: Optional[int]):
