@@ -134,8 +134,9 @@ def decode_rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch
     the engine builds them - in one native call: (float32 logits (tokens, lm_head rows),
     stack outputs (tokens, hidden), each logits row's top token - the first maximum, a NaN
     counting as the maximum: numpy's and torch's argmax - taken natively while the row is in
-    the cache) at every token in packed order, with the least Python around the call: the rows packed into one int64 buffer, the weights
-    checked once per stack, every index checked by the native code (a bad one: ValueError).
+    the cache) at every token in packed order, with the least Python around the call: the
+    rows packed into one int64 buffer, the weights checked once per stack, every index
+    checked by the native code (a bad one: ValueError).
     A decode step's Python runs after its forward has streamed the weights through the
     caches, where each line costs most."""
     check_page_size(page_size)
