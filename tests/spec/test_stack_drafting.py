@@ -225,6 +225,12 @@ def test_greedy_chain_rejects_bad_input():
               sampling=(torch.ones(1), torch.zeros(1, dtype=torch.long), torch.ones(1), torch.zeros(1, 3).double()))
     with pytest.raises(ValueError, match="rows of at least one token"):
         rows_forward(stack, embed, lm_head, one, torch.tensor([3]), torch.tensor([0]), table, 16)
+    from sonarspec_ext.ops.stack_drafting import block_table
+    padded = block_table([[2, 0], [1]])   # row 1 has one page: position 20 lies past it, on no page (not page 0)
+    assert padded.tolist() == [[2, 0], [1, -1]]
+    with pytest.raises(ValueError, match="is not one of the KV pools"):
+        rows_forward(stack, embed, lm_head, torch.tensor([1, 2]), torch.tensor([3, 20]), torch.tensor([1, 1]),
+                     padded, 16)
     with pytest.raises(ValueError, match="token 9000 out of range"):
         rows_forward(stack, embed, lm_head, torch.tensor([9000]), torch.tensor([3]), torch.tensor([1]), table, 16)
     with pytest.raises(ValueError, match="one per lm_head row"):

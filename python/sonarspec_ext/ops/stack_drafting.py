@@ -24,9 +24,10 @@ def fits(stack: DecoderStack, lm_head: torch.Tensor, rows: int, num_tokens: int)
 
 
 def block_table(tables) -> torch.Tensor:
-    """Page tables (lists of page ids) -> (len(tables), longest) int64, zero-padded."""
+    """Page tables (lists of page ids) -> (len(tables), longest) int64, padded with -1: a
+    position past a row's own pages has no page (refused natively), not page 0."""
     width = max(1, max(map(len, tables), default=0))
-    out = np.zeros((len(tables), width), dtype=np.int64)
+    out = np.full((len(tables), width), -1, dtype=np.int64)
     for i, t in enumerate(tables):
         out[i, :len(t)] = t
     return torch.from_numpy(out)
@@ -151,7 +152,7 @@ def decode_rows_forward(stack: DecoderStack, embed: torch.Tensor, lm_head: torch
     width = max(1, max(len(table) for *_, table in rows))
     buf = np.zeros(T + 2 * B + B * width, dtype=np.int64)   # tokens, starts, lengths, block table
     i, at = 0, T + 2 * B
-    buf[at:] = -1   # past a row's own pages: no page (refused natively), not page 0
+    buf[at:] = -1   # past a row's own pages: no page, as block_table pads
     try:
         for b, (start, toks, table) in enumerate(rows):
             buf[i:i + len(toks)] = toks
