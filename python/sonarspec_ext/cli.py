@@ -69,16 +69,13 @@ def _auto_spec(model: str) -> str:
 
 def _recommended_draft_tokens(model: str, method: str, draft: str) -> int:
     """The chain length an MTP head's training.json recommends (measured best), else 3."""
-    import json
-    import os
-    from .assets import resolve
+    from .assets import resolve, training_record
     from .spec.factory import find_mtp_head
     head = (find_mtp_head(resolve(model, "target")) if draft in (None, "default") else draft) \
         if method in ("mtp", "eagle_tree") else None
     try:
-        with open(os.path.join(head, "training.json")) as fh:
-            return int(json.load(fh).get("recommended_num_draft_tokens", 3))
-    except (TypeError, OSError, ValueError):
+        return int(training_record(head).get("recommended_num_draft_tokens", 3))
+    except (TypeError, ValueError):
         return 3
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Optional
 
 NAMES = ("target", "draft", "mtp")
 HEADS = ("smollm2_mtp",)   # packaged MTP heads of installable models, matched by target fingerprint
@@ -25,16 +26,24 @@ def path(name: str) -> str:
     return d
 
 
+def training_record(draft_dir: Optional[str]) -> dict:
+    """The JSON object of a drafter directory's ``training.json`` (what its training run
+    recorded), or {} where there is none or it is not a JSON object."""
+    import json
+    try:
+        with open(os.path.join(draft_dir, "training.json")) as fh:
+            record = json.load(fh)
+    except (TypeError, OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def installed_head(name: str):
     """(directory, target fingerprint) of a packaged head or draft model for an installable
     model, or None when this installation does not hold it."""
-    import json
     d = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-    try:
-        with open(os.path.join(d, "training.json")) as fh:
-            return d, json.load(fh)["target_fingerprint"]
-    except (OSError, ValueError, KeyError):
-        return None
+    fingerprint = training_record(d).get("target_fingerprint")
+    return None if fingerprint is None else (d, fingerprint)
 
 
 def installed_model(name: str) -> str:

@@ -1,11 +1,10 @@
 """Builds the proposer for a ``SpecConfig`` and checks draft/target compatibility."""
 from __future__ import annotations
 
-import json
 import os
 from typing import List, Optional, Tuple
 
-from ..assets import DRAFTS, HEADS, installed_head, path as asset_path, resolve
+from ..assets import DRAFTS, HEADS, installed_head, path as asset_path, resolve, training_record
 from ..models.config import ModelConfig
 from ..models.draft_llm import load_draft_model
 from ..models.gguf import gguf_file
@@ -108,12 +107,10 @@ def validated_acceptance(draft_dir: Optional[str], method: str) -> Optional[List
     """The acceptance per draft position a drafter's ``training.json`` records from its
     engine validation run (``train-mtp``, ``tools/distill_draft_llm.py``), where that run
     drafted chains as ``method`` does ("mtp", "draft_target"); else None."""
-    if draft_dir is None or method not in ("mtp", "draft_target") or not os.path.isdir(draft_dir):
+    if draft_dir is None or method not in ("mtp", "draft_target"):
         return None
-    try:
-        with open(os.path.join(draft_dir, "training.json")) as fh:
-            run = json.load(fh).get("engine_validation") or {}
-    except (OSError, ValueError, AttributeError):
+    run = training_record(draft_dir).get("engine_validation")
+    if not isinstance(run, dict):
         return None
     shares = run.get("accepted_per_position")
     if run.get("method", "mtp") != method or not isinstance(shares, list):
