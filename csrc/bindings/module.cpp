@@ -2,8 +2,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "bindings.h"
 #include "sonarspec/elementwise.h"
@@ -324,6 +326,39 @@ PYBIND11_MODULE(_C, m) {
   }, "Index of the largest of vocab float32 logits: first among ties, NaN counting as the largest (raw pointer).");
   m.def("chain_speculative_sampling", &chain_speculative_sampling,
         "Chain rejection sampling with given float64 uniforms, CPU or CUDA (raw pointers).");
+  m.def("chain_sampling_from_logits", [](uintptr_t logits, const std::vector<float>& temperature,
+                                         const std::vector<int64_t>& top_k, const std::vector<float>& top_p,
+                                         uintptr_t draft_probs, const std::vector<int64_t>& draft_ids,
+                                         const std::vector<double>& uniforms, int64_t batch, int64_t k, int64_t vocab,
+                                         int num_threads) {
+    const auto b = static_cast<size_t>(batch);
+    if (batch < 0 || k < 0 || vocab < 1 || temperature.size() != b || top_k.size() != b || top_p.size() != b ||
+        draft_ids.size() != b * static_cast<size_t>(k) || uniforms.size() != b * static_cast<size_t>(k + 1))
+      throw std::invalid_argument("chain_sampling_from_logits: expected batch sampling parameters, batch * k draft "
+                                  "ids and batch * (k + 1) uniforms");
+    for (size_t r = 0; r < b; ++r) {
+      if (!(temperature[r] > 0.f && std::isfinite(temperature[r]) && top_p[r] > 0.f && top_p[r] <= 1.f &&
+            top_k[r] >= 0))
+        throw std::invalid_argument("chain_sampling_from_logits: invalid sampling parameters (temperature " +
+                                    std::to_string(temperature[r]) + ", top_k " + std::to_string(top_k[r]) +
+                                    ", top_p " + std::to_string(top_p[r]) + ")");
+    }
+    for (int64_t id : draft_ids) {
+      if (id < 0 || id >= vocab)
+        throw std::invalid_argument("chain_sampling_from_logits: draft id " + std::to_string(id) +
+                                    " outside [0, " + std::to_string(vocab) + ")");
+    }
+    std::vector<int64_t> out(b * static_cast<size_t>(k + 1)), accepted(b), emitted(b);
+    {
+      py::gil_scoped_release release;
+      chain_sampling_from_logits_cpu(reinterpret_cast<const float*>(logits), temperature.data(), top_k.data(),
+                                     top_p.data(), reinterpret_cast<const float*>(draft_probs), draft_ids.data(),
+                                     uniforms.data(), out.data(), accepted.data(), emitted.data(), batch, k, vocab,
+                                     num_threads);
+    }
+    return py::make_tuple(out, emitted);
+  }, "Chain rejection sampling from float32 target logits (raw pointer), each request's rows processed natively "
+     "with its temperature, top_k and top_p (lists); returns (tokens, batch * (k + 1), padded with -1; emitted).");
   m.def("tree_speculative_sampling", &tree_speculative_sampling,
         "Recursive rejection sampling over draft trees with given float64 uniforms, CPU or CUDA (raw pointers).");
   m.def("shifted_scatter", &shifted_scatter, "Shift token blocks left and scatter the next tokens (raw pointers).");

@@ -54,6 +54,15 @@ int64_t chain_speculative_sampling_cpu(const float* draft_probs, const int64_t* 
                                        int64_t* out_tokens, int64_t* accepted_num, int64_t* emitted_num,
                                        int64_t batch, int64_t k, int64_t vocab, int num_threads);
 
+// The same from the target's logits (B, K + 1, V) float: each request's rows first go
+// through processed_probs_cpu with its own temperature[b] (> 0), top_k[b] and top_p[b] -
+// the distributions chain_speculative_sampling_cpu is then given, without the caller
+// materialising them (a scratch buffer per calling thread).
+int64_t chain_sampling_from_logits_cpu(const float* logits, const float* temperature, const int64_t* top_k,
+                                       const float* top_p, const float* draft_probs, const int64_t* draft_ids,
+                                       const double* uniforms, int64_t* out_tokens, int64_t* accepted_num,
+                                       int64_t* emitted_num, int64_t batch, int64_t k, int64_t vocab, int num_threads);
+
 // Same contract on the device; one thread block per request. Returns 0 or the launch's
 // cudaError_t. Out-of-range draft ids leave the row as all -1.
 int chain_speculative_sampling_cuda(const float* draft_probs, const int64_t* draft_ids,

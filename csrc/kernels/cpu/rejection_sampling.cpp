@@ -6,6 +6,7 @@
 #include <atomic>
 #include <vector>
 
+#include "sonarspec/sampling.h"
 #include "sonarspec/thread_pool.h"
 
 #if defined(__x86_64__)
@@ -124,6 +125,31 @@ int64_t chain_speculative_sampling_cpu(const float* draft_probs, const int64_t* 
   const int threads = batch * (k + 2) * vocab >= (1 << 18) ? std::max(1, num_threads) : 1;
   parallel_items(batch, threads, row);
   return bad.load();
+}
+
+namespace {
+// Scratch of the chains' processed target rows, kept per calling thread between calls up to
+// kKeptScratch floats (a batch-1 step's few rows; larger batches allocate per call).
+constexpr size_t kKeptScratch = size_t{1} << 21;
+}  // namespace
+
+int64_t chain_sampling_from_logits_cpu(const float* logits, const float* temperature, const int64_t* top_k,
+                                       const float* top_p, const float* draft_probs, const int64_t* draft_ids,
+                                       const double* uniforms, int64_t* out_tokens, int64_t* accepted_num,
+                                       int64_t* emitted_num, int64_t batch, int64_t k, int64_t vocab, int num_threads) {
+  const int64_t rows = batch * (k + 1);
+  const size_t need = static_cast<size_t>(rows) * static_cast<size_t>(vocab);
+  thread_local std::vector<float> kept;
+  std::vector<float> once;
+  std::vector<float>& scratch = need <= kKeptScratch ? kept : once;
+  if (scratch.size() < need) scratch.resize(need);
+  float* probs = scratch.data();  // the pool's threads write through this pointer, not their own `kept`
+  parallel_items(rows, rows > 1 ? num_threads : 1, [&](int64_t r) {
+    const int64_t b = r / (k + 1);
+    processed_probs_cpu(logits + r * vocab, probs + r * vocab, 1, vocab, temperature[b], top_k[b], top_p[b], 1);
+  });
+  return chain_speculative_sampling_cpu(draft_probs, draft_ids, probs, uniforms, out_tokens, accepted_num,
+                                        emitted_num, batch, k, vocab, num_threads);
 }
 
 }  // namespace sonarspec

@@ -29,8 +29,12 @@ def generic_step(engine, batch, drafts) -> List:
     t3 = time.perf_counter()
     raw_rows = apply_penalties(logits, blocks)   # penalized requests' raw rows, for their logprobs
     chain_blocks = [b for b in blocks if b.at_end and b.draft is not None and b.draft.tree is None]
-    chains = [(_block_logits(logits, b), b.draft, b.seq.params, b.seq) for b in chain_blocks]
-    chain_results = iter(verify_chains(chains, [_block_tops(tops, b) for b in chain_blocks]))
+    chain_tops = [_block_tops(tops, b) for b in chain_blocks]
+    # a greedy chain whose top tokens are known needs no logits rows (slicing one costs tens
+    # of microseconds after the forward has streamed the weights through the caches)
+    chains = [(None if t is not None and b.seq.params.greedy else _block_logits(logits, b), b.draft, b.seq.params,
+               b.seq) for b, t in zip(chain_blocks, chain_tops)]
+    chain_results = iter(verify_chains(chains, chain_tops))
     plain = [j for j, b in enumerate(blocks) if b.at_end and b.draft is None]
     plain_tokens = dict(zip(plain, _sample_rows(logits, [blocks[j] for j in plain], tops)))
     results = []

@@ -1,7 +1,7 @@
 """Verification of drafted chains and trees: rejection sampling (lossless) and the greedy path."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -10,6 +10,7 @@ from .checks import check_cuda_build, check_tensor, stream_handle
 from .linear import native_threads
 
 _PROB_DTYPES = (torch.float32,)
+_CPU = torch.device("cpu")
 
 
 def _uniforms(uniforms: Optional[torch.Tensor], generator, rows: int, cols: int, dev) -> torch.Tensor:
@@ -69,6 +70,35 @@ def chain_speculative_sampling(draft_probs: Optional[torch.Tensor], draft_token_
                                   emitted.data_ptr(), B, K, V, dev.type == "cuda", stream_handle(dev),
                                   native_threads())
     return out.int(), accepted.int(), emitted.int()
+
+
+def chain_sampling_from_logits(logits: torch.Tensor, temperature: Sequence[float], top_k: Sequence[int],
+                               top_p: Sequence[float], draft_token_ids: Sequence[Sequence[int]],
+                               draft_probs: Optional[torch.Tensor], uniforms: Sequence[float]
+                               ) -> Tuple[List[List[int]], List[int]]:
+    """``chain_speculative_sampling`` from the target's logits, on the CPU: logits (B, K + 1,
+    V) float32; request b's rows become ``ops.sampling.processed_probs`` of them with its
+    ``temperature[b]`` (> 0), ``top_k[b]`` and ``top_p[b]`` inside the same native call, so no
+    (B, K + 1, V) distribution is allocated and filled from Python. ``draft_token_ids`` B
+    lists of K ids; ``draft_probs`` (B, K, V) float32 or None (point-mass drafts); uniforms
+    B * (K + 1) floats in [0, 1), request by request. K = 0 draws one token per request.
+    Returns ``output_token_ids`` (B lists of K + 1, padded with -1) and ``emitted_num`` (B) -
+    the tokens ``processed_probs`` followed by ``chain_speculative_sampling`` give with these
+    uniforms."""
+    check_tensor("logits", logits, dtypes=_PROB_DTYPES, ndim=3, device=_CPU)
+    B, K1, V = logits.shape
+    if K1 < 1 or V < 1:
+        raise ValueError(f"logits has shape {list(logits.shape)}: expected (batch, drafts + 1, vocab)")
+    if draft_probs is not None:
+        check_tensor("draft_probs", draft_probs, dtypes=_PROB_DTYPES, ndim=3, device=_CPU)
+        if tuple(draft_probs.shape) != (B, K1 - 1, V):
+            raise ValueError(f"draft_probs has shape {list(draft_probs.shape)}, expected [{B}, {K1 - 1}, {V}]")
+    if len(draft_token_ids) != B or any(len(ids) != K1 - 1 for ids in draft_token_ids):
+        raise ValueError(f"draft_token_ids must hold {B} lists of {K1 - 1} ids")
+    out, emitted = _C.chain_sampling_from_logits(
+        logits.data_ptr(), temperature, top_k, top_p, 0 if draft_probs is None else draft_probs.data_ptr(),
+        [t for ids in draft_token_ids for t in ids], uniforms, B, K1 - 1, V, native_threads())
+    return [out[b * K1:(b + 1) * K1] for b in range(B)], emitted
 
 
 def tree_speculative_sampling(candidates: torch.Tensor, first_child: torch.Tensor, next_sibling: torch.Tensor,

@@ -6,13 +6,13 @@ do not depend on which other requests share the batch.
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..ops.sampling import processed_probs as sampling_probs
-from ..ops.speculative import chain_speculative_sampling
+from ..ops.speculative import chain_sampling_from_logits, chain_speculative_sampling
 from ..params import SamplingParams
 
 
@@ -72,10 +72,47 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], seqs: Sequenc
     out = top_tokens(logits)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
-        probs = processed_probs_rows(logits[rows], [params[i] for i in rows])
-        for i, tok in zip(rows, draw(probs, torch.cat([seqs[i].uniforms(0, 1) for i in rows]))):
-            out[i] = tok
+        drawn = sample_chains(logits[rows] if len(rows) < len(params) else logits, [params[i] for i in rows],
+                              [[]] * len(rows), None, torch.cat([seqs[i].uniforms(0, 1) for i in rows]))
+        for i, (tokens, _) in zip(rows, drawn):
+            out[i] = tokens[0]
     return out
+
+
+def sample_chains(logits: torch.Tensor, params: Sequence[SamplingParams], draft_ids: Sequence[Sequence[int]],
+                  draft_probs: Optional[torch.Tensor], uniforms: torch.Tensor) -> List[Tuple[List[int], int]]:
+    """Rejection sampling of B chains of K drafts each (K = 0: one draw per chain) from the
+    target's logits (B * (K + 1), vocab_size), chain b's rows with its ``params[b]`` (sampled
+    requests), ``draft_ids`` B lists of K, ``draft_probs`` (B, K, vocab_size) or None (point
+    masses), ``uniforms`` B * (K + 1) float64. Returns per chain (the emitted tokens: accepted
+    drafts, then the correction or bonus token; the number of drafts accepted). CPU logits go
+    through one native call (``ops.chain_sampling_from_logits``), others through
+    ``sample_chains_from_probs``: the same tokens."""
+    if not params:
+        return []
+    if logits.device.type != "cpu":
+        return sample_chains_from_probs(logits, params, draft_ids, draft_probs, uniforms)
+    B = len(params)
+    if logits.dtype != torch.float32 or not logits.is_contiguous():
+        logits = logits.float().contiguous()
+    out, emitted = chain_sampling_from_logits(
+        logits.view(B, logits.shape[0] // B, -1), [p.temperature for p in params], [p.top_k for p in params],
+        [p.top_p for p in params], draft_ids, draft_probs, uniforms.tolist())
+    return [(row[:a + 1], a) for row, a in zip(out, emitted)]
+
+
+def sample_chains_from_probs(logits: torch.Tensor, params: Sequence[SamplingParams],
+                             draft_ids: Sequence[Sequence[int]], draft_probs: Optional[torch.Tensor],
+                             uniforms: torch.Tensor) -> List[Tuple[List[int], int]]:
+    """``sample_chains`` on any device: the processed distributions as a tensor
+    (``processed_probs_rows``), then ``ops.chain_speculative_sampling``."""
+    B = len(params)
+    K1 = logits.shape[0] // B
+    probs = processed_probs_rows(logits, [p for p in params for _ in range(K1)]).view(B, K1, -1)
+    ids = torch.tensor(draft_ids, dtype=torch.long, device=logits.device).view(B, K1 - 1)
+    out, _, emitted = chain_speculative_sampling(draft_probs, ids, probs,
+                                                 uniforms=uniforms.to(logits.device).view(B, K1))
+    return [(row[:a + 1], a) for row, a in zip(out.tolist(), emitted.tolist())]
 
 
 def inverse_cdf(residual: torch.Tensor, u) -> torch.Tensor:

@@ -16,7 +16,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from .. import ops
-from ..sampling.sampler import draw_rows, inverse_cdf, processed_probs, processed_probs_rows, top_tokens
+from ..sampling.sampler import draw_rows, inverse_cdf, processed_probs, sample_chains, top_tokens
 from .proposer import Draft
 
 
@@ -71,10 +71,11 @@ def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, object]],
                   tops: Optional[List[Optional[List[int]]]] = None) -> List[Tuple[List[int], int]]:
     """``verify_chain`` for many sequences at once: ``items`` are (target_logits, draft,
     params, source); ``tops``, per item, the top tokens of its logits rows where they are
-    known already (or None). Rejection-sampled chains of one length go through one native
-    ``ops.chain_speculative_sampling`` call, their uniforms drawn from each request's
-    source as ``verify_chain_device`` draws them, so the results are the same; coupled
-    chains (seeded requests) draw all their rows in one call."""
+    known already (or None; a greedy item with them needs no target_logits: None).
+    Rejection-sampled chains of one length go through one ``sampling.sampler.sample_chains``
+    call (on the CPU one native call from the logits), their uniforms drawn from each
+    request's source as ``verify_chain_device`` draws them, so the results are the same;
+    coupled chains (seeded requests) draw all their rows in one call."""
     results: List[Optional[Tuple[List[int], int]]] = [None] * len(items)
     tops = list(tops) if tops else [None] * len(items)
     greedy = [i for i, it in enumerate(items) if it[2].greedy]
@@ -97,30 +98,36 @@ def verify_chains(items: List[Tuple[torch.Tensor, Draft, object, object]],
         else:
             groups.setdefault((len(draft.token_ids), draft.probs is not None), []).append(i)
     for (k, has_q), idx in groups.items():
-        dev = items[idx[0]][0].device
-        p = processed_probs_rows(joined_rows([items[i][0] for i in idx]),
-                                 [items[i][2] for i in idx for _ in range(k + 1)])
-        p = p.view(len(idx), k + 1, -1)
-        u = torch.stack([items[i][3].uniforms(0, k + 1) for i in idx])
-        qs = [items[i][1].probs for i in idx]
-        q = (torch.stack(qs) if len(qs) > 1 else qs[0].unsqueeze(0)).float() if has_q else None
-        ids = torch.tensor([items[i][1].token_ids for i in idx], dtype=torch.long, device=dev).view(len(idx), k)
-        out, _, emitted = ops.chain_speculative_sampling(q, ids, p, uniforms=u)
-        for r, (row, a) in enumerate(zip(out.tolist(), emitted.tolist())):
-            results[idx[r]] = (row[:a + 1], a)
+        q = _stacked([items[i][1].probs for i in idx]) if has_q else None
+        q = q.float() if q is not None and q.dtype != torch.float32 else q
+        us = [items[i][3].uniforms(0, k + 1) for i in idx]
+        u = us[0] if len(us) == 1 else torch.cat(us)
+        chains = sample_chains(joined_rows([items[i][0] for i in idx]), [items[i][2] for i in idx],
+                               [items[i][1].token_ids for i in idx], q, u)
+        for i, result in zip(idx, chains):
+            results[i] = result
     if keyed:
         _verify_coupled(items, keyed, results)
     return results
 
 
+def _stacked(tensors: List[torch.Tensor]) -> torch.Tensor:
+    """``tensors`` (of one shape) stacked along a new first dimension, contiguous: one view
+    for a single contiguous tensor (a batch-1 step; each torch call costs tens of
+    microseconds after a forward has streamed the weights through the caches)."""
+    t = tensors[0]
+    return t[None] if len(tensors) == 1 and t.is_contiguous() else torch.stack(tensors)
+
+
 def _verify_coupled(items, idx: List[int], results: list) -> None:
     """Coupled verification of the chains ``items[i]``, i in ``idx`` (seeded requests): the
-    target's draw at every row from one ``processed_probs_rows`` and one ``draw_rows``
-    call, each chain then accepted while its drafts equal those draws."""
+    target's draw at every row from one ``sample_chains`` call (a chain of no drafts per
+    row), each chain then accepted while its drafts equal those draws."""
     lengths = [len(items[i][1].token_ids) + 1 for i in idx]
-    p = processed_probs_rows(joined_rows([items[i][0] for i in idx]),
-                             [items[i][2] for i, n in zip(idx, lengths) for _ in range(n)])
-    best = draw_rows(p, torch.cat([items[i][3].uniforms(0, n).to(p.device) for i, n in zip(idx, lengths)])).tolist()
+    best = [t[0] for t, _ in sample_chains(joined_rows([items[i][0] for i in idx]),
+                                           [items[i][2] for i, n in zip(idx, lengths) for _ in range(n)],
+                                           [[]] * sum(lengths), None,
+                                           torch.cat([items[i][3].uniforms(0, n) for i, n in zip(idx, lengths)]))]
     row = 0
     for i, n in zip(idx, lengths):
         results[i], row = _greedy_result(best[row:row + n], items[i][1].token_ids), row + n
