@@ -7,10 +7,17 @@ a process of their own (``--client-process``, the default), so they do not share
 server's interpreter (and its lock) - the engine's busy share of the wall time is then the
 server's own efficiency.
 
-    python tools/bench_serve.py [--model smollm2] [--specs none mtp] [--concurrency 1 4 16]
-                                [--requests 16] [--max-tokens 96] [--spec-max-batch N]
+    python tools/bench_serve.py [--model smollm2] [--specs none mtp llama.cpp llama.cpp+lookup]
+                                [--concurrency 1 4 16] [--requests 16] [--max-tokens 96] [--spec-max-batch N]
                                 [--lookup-draft-tokens 8] [--system TEXT] [--prefix-caching]
                                 [--json PATH]
+
+``llama.cpp`` in ``--specs`` runs the same load against llama-cpp-python's OpenAI-compatible
+server (``python -m llama_cpp.server``, a process of its own with as many threads as torch
+uses here) on the same GGUF file, ``llama.cpp+lookup`` with its prompt-lookup speculative
+decoding; skipped with a note where ``llama_cpp.server`` is not importable (``pip install
+'llama-cpp-python[server]'``). That server answers one request at a time, the others
+queued.
 
 The engine's prefix cache is off unless ``--prefix-caching``: the questions cycle, and the
 cache would answer repeated prompts from memory. ``--system TEXT`` puts the same system
@@ -21,33 +28,71 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
+import os
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from typing import Optional
 
 import httpx
+import torch
 
 from sonarspec_ext.params import QUANTIZATION_CHOICES
 from sonarspec_ext import LLM, SpecConfig
+from sonarspec_ext.assets import resolve
+from sonarspec_ext.models.gguf import gguf_file
 from sonarspec_ext.bench import cpu_info, write_json
 from sonarspec_ext.bench.spec import CHAT_QUESTIONS
 from sonarspec_ext.cli import DEFAULT_LOOKUP_DRAFT_TOKENS
 from sonarspec_ext.server.app import create_app
 
 
-def start_server(llm: LLM, name: str):
-    import uvicorn
+LLAMA_CPP_SPECS = ("llama.cpp", "llama.cpp+lookup")
+
+
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def start_server(llm: LLM, name: str):
+    import uvicorn
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(llm, name), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=srv.run, daemon=True).start()
     while not srv.started:
         time.sleep(0.05)
     return srv, f"http://127.0.0.1:{port}"
+
+
+def start_llama_cpp_server(model_file: str, lookup: bool, timeout_s: float = 180.0):
+    """llama-cpp-python's server on ``model_file`` (with prompt-lookup decoding when
+    ``lookup``) in a process of its own: (process, base URL) once it answers."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model_file, "--host", "127.0.0.1",
+           "--port", str(port), "--n_threads", str(torch.get_num_threads()), "--n_ctx", "2048",
+           "--interrupt_requests", "False"]   # queue concurrent requests (its default cuts the running one)
+    if lookup:
+        cmd += ["--draft_model", "prompt-lookup-decoding"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"llama_cpp.server exited with {proc.returncode}: {' '.join(cmd)}")
+        try:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"llama_cpp.server did not answer within {timeout_s:.0f} s")
 
 
 class StepTimes:
@@ -85,6 +130,7 @@ async def one_request(http, url, messages, max_tokens):
             elif chunk["choices"] and chunk["choices"][0].get("delta", {}).get("content"):
                 stamps.append(time.perf_counter())
     end = time.perf_counter()
+    tokens = tokens or len(stamps)   # a server that reports no usage while streaming: one token a chunk
     ttft = stamps[0] - t0 if stamps else end - t0
     itl = (stamps[-1] - stamps[0]) / max(1, tokens - 1) if len(stamps) > 1 else 0.0
     return ttft, itl, tokens, end - t0
@@ -147,6 +193,37 @@ def plot(rows, path: str) -> bool:
     return True
 
 
+def llama_cpp_rows(args, spec: str, measure) -> list:
+    """The load at each concurrency against llama-cpp-python's server on ``args.model``'s
+    GGUF file; none (with a note) where that server or a GGUF file is missing."""
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llama_cpp.server") is None:
+        print(f"{spec}: skipped - llama_cpp.server is not importable (pip install 'llama-cpp-python[server]')")
+        return []
+    model_file = gguf_file(resolve(args.model, "target"))
+    if model_file is None:
+        print(f"{spec}: skipped - {args.model} is not a GGUF file")
+        return []
+    t0 = time.perf_counter()
+    proc, url = start_llama_cpp_server(model_file, lookup=spec.endswith("+lookup"))
+    startup = time.perf_counter() - t0
+    rows = []
+    try:
+        measure(url, 1, 2, 8)   # warm-up
+        for c in args.concurrency:
+            row = {"spec": spec, "startup_s": startup, "model_file": os.path.basename(model_file),
+                   "client_process": args.client_process,
+                   **measure(url, c, max(args.requests, c), args.max_tokens, args.system)}
+            rows.append(row)
+            print(f"{spec:6s} c={c:3d}: {row['requests_per_s']:.2f} req/s, {row['output_tok_s']:.1f} tok/s, "
+                  f"per stream {row['per_stream_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_s'] * 1e3:.0f} ms "
+                  f"p99 {row['ttft_p99_s'] * 1e3:.0f} ms, ITL p50 {row['itl_p50_s'] * 1e3:.1f} ms "
+                  f"p99 {row['itl_p99_s'] * 1e3:.1f} ms (start-up {startup:.1f} s)", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
@@ -175,6 +252,9 @@ def main() -> None:
     measure = (lambda *a: clients.apply(run_load, a)) if clients is not None else run_load
     rows = []
     for spec in args.specs:
+        if spec in LLAMA_CPP_SPECS:
+            rows += llama_cpp_rows(args, spec, measure)
+            continue
         t0 = time.perf_counter()
         control = {} if args.spec_max_batch is None else {"spec_max_batch": args.spec_max_batch}
         control["adaptive_speculation"] = args.spec_control == "adaptive"

@@ -56,6 +56,10 @@ python tools/bench_serve.py --model smollm2 --specs mtp --concurrency 1 4 16 --r
 python tools/bench_serve.py --model smollm2 --quantization auto --spec-control adaptive --specs none mtp \
   --concurrency 1 4 16 64 --requests 64 --max-tokens 96 --json "$OUT/smollm2_serve_q4_1.json" \
   --plot "$OUT/smollm2_serve_q4_1.png"
+python tools/bench_serve.py --model smollm2 --quantization auto --spec-control adaptive \
+  --specs none mtp llama.cpp llama.cpp+lookup --json "$OUT/smollm2_serve_llamacpp_q4_1.json" \
+  --plot "$OUT/smollm2_serve_llamacpp_q4_1.png"
+python tools/bench_sampled_verification.py --rounds 6 --batch-sizes 1 8 --json "$OUT/smollm2_sampled_verification.json"
 python tools/bench_scaling.py --quantization auto --json "$OUT/smollm2_scaling_q4_1.json" \
   --plot "$OUT/smollm2_scaling_q4_1.png"
 # every block format's GEMM alone, and K-quant files of a Llama-shaped random model beside llama.cpp
