@@ -7,6 +7,6 @@ from .shifted_scatter import shifted_scatter
 from .speculative import (chain_sampling_from_logits, chain_speculative_sampling, greedy_verify,
                           tree_speculative_sampling)
 
-__all__ = ["built_with_cuda", "built_with_cutlass", "kv_store", "kernel_linear", "kernel_mlp", "paged_attention", "shifted_scatter",
-           "chain_sampling_from_logits", "chain_speculative_sampling", "greedy_verify",
+__all__ = ["built_with_cuda", "built_with_cutlass", "kv_store", "kernel_linear", "kernel_mlp", "paged_attention",
+           "shifted_scatter", "chain_sampling_from_logits", "chain_speculative_sampling", "greedy_verify",
            "tree_speculative_sampling"]

@@ -67,8 +67,9 @@ def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> List[int]:
 
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams], seqs: Sequence) -> List[int]:
     """``logits``: (batch_size, vocab_size), one row per request -> one token id each (greedy
-    rows take the top token; the others ``draw`` from their processed distribution with
-    the next uniform of their request, ``seqs[i].uniforms``)."""
+    rows take the top token; the others draw from their processed distribution by inverse
+    CDF at the next uniform of their request, ``seqs[i].uniforms``: ``sample_chains`` with
+    no drafts)."""
     out = top_tokens(logits)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
