@@ -302,7 +302,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("bf16_dot_available", &bf16_dot_available,
         "Whether bfloat16-weight GEMMs use VDPBF16PS here (AVX512_BF16, unless SONARSPEC_NO_BF16_DOT is set).");
   m.def("quant_kernel", &quant_kernel,
-        "The column kernel of block-quantized GEMMs here: 'vnni', 'avx2' or 'portable' (SONARSPEC_QUANT_KERNEL caps it).");
+        "The column kernel of block-quantized GEMMs here: 'vnni', 'avxvnni', 'avx2' or 'portable' "
+        "(SONARSPEC_QUANT_KERNEL caps it).");
   m.def("weight_prefetch", &weight_prefetch_mode,
         "How the VDPBF16PS and VNNI block-format GEMMs prefetch weights here: 'near', 'far' or 'none' (small_gemm.h).");
   m.def("set_weight_prefetch", &set_weight_prefetch, py::arg("mode"),

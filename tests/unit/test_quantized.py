@@ -174,18 +174,20 @@ def _run(kernel=None, prefetch=None):
 
 
 def test_every_kernel_gives_the_portable_bits():
-    """The VNNI kernel under each weight prefetch mode and the AVX2 kernel equal the portable
-    loops bit for bit (the portable loops are tied to a float64 reference above) on awkward
-    shapes and extreme quants."""
+    """The VNNI kernel under each weight prefetch mode, the 256-bit VPDPBUSD kernel and the
+    AVX2 kernel equal the portable loops bit for bit (the portable loops are tied to a
+    float64 reference above) on awkward shapes and extreme quants. Where the AVX-512 VNNI
+    kernel runs, each cap runs the kernel it names."""
     portable = _run("portable")
     assert portable["kernel"] == "portable"
     ran = 0
-    for kernel, prefetch in (("avx2", None), (None, "near"), (None, "far"), (None, "none")):
+    for kernel, prefetch in (("avx2", None), ("avxvnni", None), (None, "near"), (None, "far"), (None, "none")):
         fast = _run(kernel, prefetch)
         if fast["kernel"] == "portable" or (prefetch and fast["kernel"] != "vnni"):
             continue
         ran += 1
         assert prefetch is None or fast["prefetch"] == prefetch
+        assert not kernel or _C.quant_kernel() != "vnni" or fast["kernel"] == kernel
         for case, bits in portable.items():
             if case not in ("kernel", "prefetch"):
                 assert fast[case] == bits, (fast["kernel"], prefetch, case)

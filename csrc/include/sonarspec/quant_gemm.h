@@ -53,9 +53,10 @@ void quant_gemm(const float* x, const uint8_t* w, WeightFormat format, const flo
                 int64_t n, int64_t k, int num_threads);
 
 // The column kernel quant_gemm runs here, chosen once: "vnni" (AVX-512 F/BW/VL + VNNI),
-// else "avx2" (AVX2, FMA, F16C), else "portable". The environment variable
-// SONARSPEC_QUANT_KERNEL=avx2|portable caps the choice (for tests and comparisons); all
-// three compute the same bits.
+// else "avxvnni" (AVX2, FMA, F16C and VPDPBUSD on 256-bit vectors: AVX-VNNI, or AVX-512
+// VNNI + VL), else "avx2" (AVX2, FMA, F16C), else "portable". The environment variable
+// SONARSPEC_QUANT_KERNEL=avxvnni|avx2|portable caps the choice (for tests and comparisons);
+// all four compute the same bits.
 const char* quant_kernel();
 
 }  // namespace sonarspec

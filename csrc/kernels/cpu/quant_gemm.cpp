@@ -1,6 +1,7 @@
 // GEMMs over GGUF block-quantized weights; see sonarspec/quant_gemm.h. The activations are
 // quantized here once per call; the column kernels are quant_gemm_vnni.cpp (AVX-512 VNNI),
-// quant_gemm_avx2.cpp and the portable loops below, which compute the same values bit for bit.
+// quant_gemm_avx2.cpp (AVX-VNNI or AVX2) and the portable loops below, which compute the same
+// values bit for bit.
 #include "sonarspec/quant_gemm.h"
 
 #include <algorithm>
@@ -19,7 +20,7 @@ namespace sonarspec {
 namespace {
 
 // The column kernels, in order of preference; see quant_kernel() in quant_gemm.h.
-enum class Kernel { kPortable, kAvx2, kVnni };
+enum class Kernel { kPortable, kAvx2, kAvxVnni, kVnni };
 
 Kernel kernel_here() {
   static const Kernel k = [] {
@@ -27,8 +28,9 @@ Kernel kernel_here() {
 #if defined(__x86_64__)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
       best = Kernel::kAvx2;
-      if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
+      const bool vnni_256 = __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+      if (__builtin_cpu_supports("avxvnni") || vnni_256) best = Kernel::kAvxVnni;
+      if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && vnni_256) {
         best = Kernel::kVnni;
       }
     }
@@ -36,6 +38,7 @@ Kernel kernel_here() {
     const char* cap = std::getenv("SONARSPEC_QUANT_KERNEL");
     if (cap != nullptr && std::strcmp(cap, "portable") == 0) return Kernel::kPortable;
     if (cap != nullptr && std::strcmp(cap, "avx2") == 0) return std::min(best, Kernel::kAvx2);
+    if (cap != nullptr && std::strcmp(cap, "avxvnni") == 0) return std::min(best, Kernel::kAvxVnni);
     return best;
   }();
   return k;
@@ -56,8 +59,8 @@ QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, RowBuffers& bu
   buf.s.resize(static_cast<size_t>(m * kb));
   buf.s16.resize(static_cast<size_t>(2 * m * kb));
   const Kernel kernel = kernel_here();
-  const auto quantize = kernel == Kernel::kVnni   ? quantize_blocks_vnni
-                        : kernel == Kernel::kAvx2 ? quantize_blocks_avx2
+  const auto quantize = kernel == Kernel::kVnni                                 ? quantize_blocks_vnni
+                        : kernel == Kernel::kAvx2 || kernel == Kernel::kAvxVnni ? quantize_blocks_avx2
                                                   : quantize_blocks_scalar;
   quantize(x, m * kb, buf.q.data(), buf.d.data(), buf.s.data(), buf.s16.data(), buf.ds.data());
   QuantizedRows r;
@@ -172,6 +175,7 @@ int64_t quant_packed_bytes(WeightFormat format, int64_t n, int64_t k) {
 const char* quant_kernel() {
   switch (kernel_here()) {
     case Kernel::kVnni: return "vnni";
+    case Kernel::kAvxVnni: return "avxvnni";
     case Kernel::kAvx2: return "avx2";
     default: return "portable";
   }
@@ -191,6 +195,7 @@ void quant_gemm(const float* x, const uint8_t* w, WeightFormat format, const flo
   split_columns(m, n, k, 1, num_threads, [&](int64_t b, int64_t e) {
     switch (kernel) {
       case Kernel::kVnni: quant_cols_vnni(rows, m, w, format, n, y, b, e); break;
+      case Kernel::kAvxVnni: quant_cols_avxvnni(rows, m, w, format, n, y, b, e); break;
       case Kernel::kAvx2: quant_cols_avx2(rows, m, w, format, n, y, b, e); break;
       default: quant_cols_scalar(rows, m, w, format, n, y, b, e); break;
     }

@@ -102,6 +102,9 @@ void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, Weight
                      int64_t n_begin, int64_t n_end);
 void quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                      int64_t n_begin, int64_t n_end);
+// The AVX2 kernel with VPDPBUSD for its integer dot products (AVX-VNNI, or AVX-512 VNNI + VL).
+void quant_cols_avxvnni(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
+                        int64_t n_begin, int64_t n_end);
 
 // The AVX2 K-quant columns (quant_gemm_avx2_k.cpp; the VNNI kernel has its own).
 void k_quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
