@@ -1,7 +1,7 @@
-// What quant_gemm's two AVX2 column kernels share (quant_gemm_avx2.cpp: 32-column formats,
-// quant_gemm_avx2_k.cpp: K-quants): the activation broadcast, the stores of 8 weight rows'
-// outputs, and the walk over 8-row halves of the column range in passes of activation rows.
-// Internal to those files.
+// What quant_gemm's 256-bit column kernels share (quant_gemm_avx2_cols.inc: 32-column
+// formats, quant_gemm_avx2_k_cols.inc: K-quants; both built by quant_gemm_avx2.cpp): the
+// activation broadcast, the stores of 8 weight rows' outputs, and the walk over 8-row halves
+// of the column range in passes of activation rows. Internal to those files.
 #pragma once
 
 #if defined(__x86_64__)

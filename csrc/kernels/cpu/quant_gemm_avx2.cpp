@@ -7,10 +7,11 @@
 // 16 bits and folded once per block; Q8_0's bytes are made signed again (q + 128 -> q) and
 // multiplied as |q| x (x signed like q), at most 2 x 128 x 127 = 32512 per pair, folded per
 // chunk. With AVX-VNNI (quant_cols_avxvnni) one VPDPBUSD adds the four products per int32
-// lane instead (quant_gemm_avx2_cols.inc holds the kernel once for both). The integer dot
+// lane instead, in passes of two or more activation rows (quant_gemm_avx2_cols.inc holds the
+// kernel once for both). The integer dot
 // products are exact either way, and the float step per block is quant_cols_scalar's, lane
 // by lane: the same bits as the portable loops and the AVX-512 VNNI kernel. K-quants: see
-// quant_gemm_avx2_k.cpp (AVX2 on both). The activations are quantized by
+// quant_gemm_avx2_k_cols.inc (both dot products too). The activations are quantized by
 // quantize_blocks_scalar's rule, 8 lanes at a time.
 #include <algorithm>
 #include <cmath>
@@ -27,6 +28,7 @@ namespace maddubs {
 #define QV_COLS_ATTR __attribute__((target("avx2,fma,f16c")))
 #define QV_DPBUSD 0
 #include "quant_gemm_avx2_cols.inc"
+#include "quant_gemm_avx2_k_cols.inc"
 #undef QV_DPBUSD
 #undef QV_COLS_ATTR
 }  // namespace maddubs
@@ -35,6 +37,7 @@ namespace vex_vnni {
 #define QV_COLS_ATTR __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define QV_DPBUSD 1
 #include "quant_gemm_avx2_cols.inc"
+#include "quant_gemm_avx2_k_cols.inc"
 #undef QV_DPBUSD
 #undef QV_COLS_ATTR
 }  // namespace vex_vnni
@@ -43,6 +46,7 @@ namespace evex_vnni {
 #define QV_COLS_ATTR __attribute__((target("avx2,fma,f16c,avx512vnni,avx512vl")))
 #define QV_DPBUSD 2
 #include "quant_gemm_avx2_cols.inc"
+#include "quant_gemm_avx2_k_cols.inc"
 #undef QV_DPBUSD
 #undef QV_COLS_ATTR
 }  // namespace evex_vnni
@@ -94,21 +98,28 @@ QV_ATTR void quantize_blocks_avx2(const float* x, int64_t num_blocks, int8_t* q,
   }
 }
 
+// Columns [n_begin, n_end) of format F through the kernels of namespace ns.
+#define QV_FORMAT_COLS(ns, F) \
+  if constexpr (is_k_quant(F)) ns::k_cols<F>(x, m, w, n, y, n_begin, n_end); \
+  else ns::cols<F>(x, m, w, n, y, n_begin, n_end)
+
 void quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                      int64_t n_begin, int64_t n_end) {
-  if (is_k_quant(f)) return k_quant_cols_avx2(x, m, w, f, n, y, n_begin, n_end);
-  with_format(f, [&](auto fmt) { maddubs::cols<decltype(fmt)::value>(x, m, w, n, y, n_begin, n_end); });
+  with_any_format(f, [&](auto fmt) { QV_FORMAT_COLS(maddubs, decltype(fmt)::value); });
 }
 
 void quant_cols_avxvnni(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                         int64_t n_begin, int64_t n_end) {
-  if (is_k_quant(f)) return k_quant_cols_avx2(x, m, w, f, n, y, n_begin, n_end);
   static const bool vex = __builtin_cpu_supports("avxvnni");   // else AVX-512 VNNI + VL (quant_gemm.cpp checks)
-  with_format(f, [&](auto fmt) {
-    if (vex) vex_vnni::cols<decltype(fmt)::value>(x, m, w, n, y, n_begin, n_end);
-    else evex_vnni::cols<decltype(fmt)::value>(x, m, w, n, y, n_begin, n_end);
+  with_any_format(f, [&](auto fmt) {
+    if (vex) {
+      QV_FORMAT_COLS(vex_vnni, decltype(fmt)::value);
+    } else {
+      QV_FORMAT_COLS(evex_vnni, decltype(fmt)::value);
+    }
   });
 }
+#undef QV_FORMAT_COLS
 #else
 void quantize_blocks_avx2(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* s, int32_t* s16,
                           float* ds) {

@@ -102,13 +102,10 @@ void quant_cols_vnni(const QuantizedRows& x, int64_t m, const uint8_t* w, Weight
                      int64_t n_begin, int64_t n_end);
 void quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                      int64_t n_begin, int64_t n_end);
-// The AVX2 kernel with VPDPBUSD for its integer dot products (AVX-VNNI, or AVX-512 VNNI + VL).
+// The AVX2 kernel (every block format) and its twin with VPDPBUSD for the integer dot
+// products of passes of two or more activation rows (AVX-VNNI, or AVX-512 VNNI + VL).
 void quant_cols_avxvnni(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
                         int64_t n_begin, int64_t n_end);
-
-// The AVX2 K-quant columns (quant_gemm_avx2_k.cpp; the VNNI kernel has its own).
-void k_quant_cols_avx2(const QuantizedRows& x, int64_t m, const uint8_t* w, WeightFormat f, int64_t n, float* y,
-                       int64_t n_begin, int64_t n_end);
 
 // fn(std::integral_constant<WeightFormat, F>{}) for the 32-column block format f (Q8_0,
 // Q4_0, Q5_0, Q5_1, else Q4_1): how each kernel picks its template instantiation for them.
