@@ -8,11 +8,10 @@
 // multiplied as |q| x (x signed like q), at most 2 x 128 x 127 = 32512 per pair, folded per
 // chunk. With AVX-VNNI (quant_cols_avxvnni) one VPDPBUSD adds the four products per int32
 // lane instead, in passes of two or more activation rows (quant_gemm_avx2_cols.inc holds the
-// kernel once for both). The integer dot
-// products are exact either way, and the float step per block is quant_cols_scalar's, lane
-// by lane: the same bits as the portable loops and the AVX-512 VNNI kernel. K-quants: see
-// quant_gemm_avx2_k_cols.inc (both dot products too). The activations are quantized by
-// quantize_blocks_scalar's rule, 8 lanes at a time.
+// kernel once for both). The integer dot products are exact either way, and the float step
+// per block is quant_cols_scalar's, lane by lane: the same bits as the portable loops and the
+// AVX-512 VNNI kernel. K-quants: see quant_gemm_avx2_k_cols.inc (both dot products too). The
+// activations are quantized by quantize_blocks_scalar's rule, 8 lanes at a time.
 #include <algorithm>
 #include <cmath>
 
