@@ -169,6 +169,14 @@ def run_load(url, concurrency, requests, max_tokens, system=None) -> dict:
     return asyncio.run(load(url, concurrency, requests, max_tokens, system))
 
 
+def load_line(spec: str, concurrency: int, row: dict) -> str:
+    """The console line of one load's measurements (``load``'s fields)."""
+    return (f"{spec:6s} c={concurrency:3d}: {row['requests_per_s']:.2f} req/s, {row['output_tok_s']:.1f} tok/s, "
+            f"per stream {row['per_stream_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_s'] * 1e3:.0f} ms "
+            f"p99 {row['ttft_p99_s'] * 1e3:.0f} ms, ITL p50 {row['itl_p50_s'] * 1e3:.1f} ms "
+            f"p99 {row['itl_p99_s'] * 1e3:.1f} ms")
+
+
 def plot(rows, path: str) -> bool:
     """Output tokens/s and ITL p50 vs concurrency, one line per spec; False without matplotlib."""
     try:
@@ -214,10 +222,7 @@ def llama_cpp_rows(args, spec: str, measure) -> list:
                    "client_process": args.client_process,
                    **measure(url, c, max(args.requests, c), args.max_tokens, args.system)}
             rows.append(row)
-            print(f"{spec:6s} c={c:3d}: {row['requests_per_s']:.2f} req/s, {row['output_tok_s']:.1f} tok/s, "
-                  f"per stream {row['per_stream_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_s'] * 1e3:.0f} ms "
-                  f"p99 {row['ttft_p99_s'] * 1e3:.0f} ms, ITL p50 {row['itl_p50_s'] * 1e3:.1f} ms "
-                  f"p99 {row['itl_p99_s'] * 1e3:.1f} ms (start-up {startup:.1f} s)", flush=True)
+            print(f"{load_line(spec, c, row)} (start-up {startup:.1f} s)", flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -283,10 +288,7 @@ def main() -> None:
             if llm.engine.spec_control is not None:   # cumulative over the concurrencies so far
                 row["adaptive_speculation"] = llm.engine.spec_control.summary()
             rows.append(row)
-            print(f"{spec:6s} c={c:3d}: {row['requests_per_s']:.2f} req/s, {row['output_tok_s']:.1f} tok/s, "
-                  f"per stream {row['per_stream_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_s'] * 1e3:.0f} ms "
-                  f"p99 {row['ttft_p99_s'] * 1e3:.0f} ms, ITL p50 {row['itl_p50_s'] * 1e3:.1f} ms "
-                  f"p99 {row['itl_p99_s'] * 1e3:.1f} ms (engine step p50 {step * 1e3:.2f} ms: ITL "
+            print(f"{load_line(spec, c, row)} (engine step p50 {step * 1e3:.2f} ms: ITL "
                   f"{row['itl_over_step']:+.1%}), engine busy {busy:.0%} of the wall time "
                   f"(start-up {startup:.1f} s)", flush=True)
         srv.should_exit = True
